@@ -1,0 +1,10 @@
+"""Callbacks: hooks that observe or steer a run (checkpointing, early stopping, LR logging, progress)."""
+
+from callbacks.base import Callback
+from callbacks.checkpoint import ModelCheckpoint
+from callbacks.early_stopping import EarlyStopping
+from callbacks.lr_monitor import LearningRateMonitor
+from callbacks.model_summary import ModelSummary
+from callbacks.progress import ProgressBar
+
+__all__ = ["Callback", "EarlyStopping", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary", "ProgressBar"]

@@ -1,0 +1,228 @@
+"""ModelCheckpoint: save checkpoints on a cadence, keep the top-k by a monitored metric, and `last`.
+
+Saving is collective: every rank calls `trainer.save_checkpoint` and the strategy decides who
+writes; the save decision is agreed across ranks so no rank waits alone in a barrier.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from callbacks.base import Callback
+from strategies.checkpoint_io import TMP_MARKER
+from strategies.distributed import rank_zero_info
+from strategies.exceptions import ConfigError, MisconfigurationError
+
+if TYPE_CHECKING:
+    from trainer.module import TrainModule
+    from trainer.trainer import Trainer
+
+_FIELD = re.compile(r"\{([A-Za-z_][\w/.-]*)(:[^}]*)?\}")
+
+
+class ModelCheckpoint(Callback):
+    """Save checkpoints to `dirpath` (default: `<log_dir>/checkpoints`).
+
+    Without `monitor`, keeps the latest checkpoint (top-1 by recency). With `monitor`, keeps the
+    `save_top_k` best by `mode`; `save_top_k=-1` keeps all. `save_last=True` also writes `last.ckpt`.
+    """
+
+    is_monitoring_callback = True
+    CHECKPOINT_EXT = ".ckpt"
+    LAST_NAME = "last"
+
+    def __init__(
+        self,
+        dirpath: str | Path | None = None,
+        filename: str | None = None,
+        monitor: str | None = None,
+        verbose: bool = False,
+        save_last: bool | None = None,
+        save_top_k: int = 1,
+        mode: str = "min",
+        every_n_epochs: int | None = None,
+        every_n_train_steps: int | None = None,
+        save_on_train_epoch_end: bool | None = None,
+        save_weights_only: bool = False,
+        auto_insert_metric_name: bool = True,
+    ) -> None:
+        if mode not in ("min", "max"):
+            raise ConfigError(f"ModelCheckpoint(mode={mode!r}) is not valid: use 'min' or 'max'.")
+        if save_top_k < -1:
+            raise ConfigError(f"ModelCheckpoint(save_top_k={save_top_k}) is not valid: use -1, 0 or a positive int.")
+        if monitor is None and save_top_k not in (-1, 0, 1):
+            raise ConfigError("ModelCheckpoint(save_top_k > 1) needs monitor= to rank checkpoints.")
+        if every_n_train_steps is not None and every_n_epochs is not None:
+            raise ConfigError("ModelCheckpoint: pass every_n_train_steps or every_n_epochs, not both.")
+        self.dirpath = Path(dirpath) if dirpath is not None else None
+        self.filename = filename
+        self.monitor = monitor
+        self.verbose = verbose
+        self.save_last = save_last
+        self.save_top_k = save_top_k
+        self.mode = mode
+        self.every_n_train_steps = every_n_train_steps or 0
+        self.every_n_epochs = every_n_epochs if every_n_epochs is not None else (0 if every_n_train_steps else 1)
+        self.save_on_train_epoch_end = save_on_train_epoch_end
+        self.save_weights_only = save_weights_only
+        self.auto_insert_metric_name = auto_insert_metric_name
+        self.best_k_models: dict[str, float] = {}
+        self.best_model_path = ""
+        self.best_model_score: float | None = None
+        self.last_model_path = ""
+        self._latest_path = ""
+        self._last_saved_step = -1
+
+    @property
+    def state_key(self) -> str:
+        return (
+            f"ModelCheckpoint{{monitor={self.monitor!r}, mode={self.mode!r}, "
+            f"every_n_train_steps={self.every_n_train_steps}, every_n_epochs={self.every_n_epochs}}}"
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"monitor": self.monitor, "best_model_score": self.best_model_score,
+                "best_model_path": self.best_model_path, "best_k_models": dict(self.best_k_models),
+                "last_model_path": self.last_model_path, "latest_path": self._latest_path,
+                "dirpath": str(self.dirpath) if self.dirpath else None}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict.get("dirpath") and self.dirpath is not None and str(self.dirpath) != state_dict["dirpath"]:
+            return  # a different folder: its bookkeeping does not apply here
+        self.best_model_score = state_dict.get("best_model_score")
+        self.best_model_path = state_dict.get("best_model_path", "")
+        self.best_k_models = dict(state_dict.get("best_k_models", {}))
+        self.last_model_path = state_dict.get("last_model_path", "")
+        self._latest_path = state_dict.get("latest_path", "")
+
+    # --- where ---------------------------------------------------------------------------------
+    def setup(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
+        if self.dirpath is None:
+            base = Path(trainer.log_dir) if trainer.loggers else Path(trainer.default_root_dir)
+            self.dirpath = Path(trainer.strategy.broadcast(str(base / "checkpoints")))
+
+    def existing_checkpoints(self, trainer: Trainer) -> list[Path]:
+        """Checkpoint files this callback could resume from (for ckpt_path='last')."""
+        if self.dirpath is None:
+            self.setup(trainer, trainer.lightning_module, "fit")
+        assert self.dirpath is not None
+        if not self.dirpath.is_dir():
+            return []
+        return [p for p in self.dirpath.glob(f"*{self.CHECKPOINT_EXT}") if TMP_MARKER not in p.name]
+
+    def format_checkpoint_name(self, metrics: dict[str, Any], name: str | None = None) -> Path:
+        """Fill `filename` (default 'epoch={epoch}-step={step}') with metric values."""
+        template = name or self.filename or "{epoch}-{step}"
+
+        def fill(match: re.Match[str]) -> str:
+            key, spec = match.group(1), match.group(2) or ""
+            value = metrics.get(key, 0)
+            text = format(value, spec[1:]) if spec else str(value)
+            return f"{key}={text}" if self.auto_insert_metric_name and not name else text
+
+        assert self.dirpath is not None
+        return self.dirpath / (_FIELD.sub(fill, template).replace("/", "_") + self.CHECKPOINT_EXT)
+
+    # --- when ----------------------------------------------------------------------------------
+    def _saves_on_train_epoch_end(self, trainer: Trainer) -> bool:
+        if self.save_on_train_epoch_end is not None:
+            return self.save_on_train_epoch_end
+        return not trainer.num_val_batches or trainer.check_val_every_n_epoch != 1
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: TrainModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self.every_n_train_steps and trainer.global_step % self.every_n_train_steps == 0:
+            self._save(trainer)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
+        if not self.every_n_train_steps and self._saves_on_train_epoch_end(trainer) and self._epoch_due(trainer):
+            self._save(trainer)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
+        if trainer.sanity_checking or self.every_n_train_steps or self._saves_on_train_epoch_end(trainer):
+            return
+        if self._epoch_due(trainer):
+            self._save(trainer)
+
+    def _epoch_due(self, trainer: Trainer) -> bool:
+        return self.every_n_epochs > 0 and (trainer.current_epoch + 1) % self.every_n_epochs == 0
+
+    # --- what ----------------------------------------------------------------------------------
+    def _metrics(self, trainer: Trainer) -> dict[str, Any]:
+        metrics: dict[str, Any] = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        metrics.update(epoch=trainer.current_epoch, step=trainer.global_step)
+        return metrics
+
+    def _save(self, trainer: Trainer) -> None:
+        if trainer.global_step == self._last_saved_step or self.save_top_k == 0 and not self.save_last:
+            return
+        self._last_saved_step = trainer.global_step
+        metrics = self._metrics(trainer)
+        if self.monitor is None:
+            self._save_latest(trainer, metrics)
+        else:
+            self._save_top_k(trainer, metrics)
+        if self.save_last:
+            path = self.format_checkpoint_name(metrics, self.LAST_NAME)
+            trainer.save_checkpoint(path, self.save_weights_only)
+            self.last_model_path = str(path)
+
+    def _save_latest(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        if self.save_top_k == 0:
+            return
+        path = self.format_checkpoint_name(metrics)
+        trainer.save_checkpoint(path, self.save_weights_only)
+        previous, self._latest_path = self._latest_path, str(path)
+        self.best_model_path = str(path)
+        if self.save_top_k == 1 and previous and previous != str(path):
+            self._remove(trainer, previous)
+        if self.verbose:
+            rank_zero_info(f"Epoch {trainer.current_epoch}, step {trainer.global_step}: saved {path}")
+
+    def _save_top_k(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        assert self.monitor is not None
+        if self.monitor not in metrics:
+            raise MisconfigurationError(
+                f"ModelCheckpoint(monitor={self.monitor!r}) found no such metric. Logged metrics: "
+                f"{sorted(k for k in metrics if k not in ('epoch', 'step'))}. Log it with self.log or fix monitor."
+            )
+        score = metrics[self.monitor]
+        improves = self._improves(score)
+        if not trainer.strategy.reduce_boolean_decision(improves, all=True):
+            return
+        path = self.format_checkpoint_name(metrics)
+        trainer.save_checkpoint(path, self.save_weights_only)
+        self.best_k_models[str(path)] = score
+        if self.save_top_k != -1 and len(self.best_k_models) > self.save_top_k:
+            worst = self._worst()
+            del self.best_k_models[worst]
+            if worst != str(path):
+                self._remove(trainer, worst)
+        self.best_model_path = (min if self.mode == "min" else max)(self.best_k_models, key=self.best_k_models.get)
+        self.best_model_score = self.best_k_models[self.best_model_path]
+        if self.verbose:
+            rank_zero_info(f"Epoch {trainer.current_epoch}: {self.monitor}={score:.5g}, saved {path}")
+
+    def _improves(self, score: float) -> bool:
+        if score != score:  # NaN never improves
+            return False
+        if self.save_top_k == -1 or len(self.best_k_models) < self.save_top_k:
+            return True
+        worst = self.best_k_models[self._worst()]
+        return score < worst if self.mode == "min" else score > worst
+
+    def _worst(self) -> str:
+        pick = max if self.mode == "min" else min
+        return pick(self.best_k_models, key=self.best_k_models.get)
+
+    def _remove(self, trainer: Trainer, path: str) -> None:
+        if trainer.is_global_zero:
+            Path(path).unlink(missing_ok=True)
+
+    @property
+    def best_score_tensor(self) -> torch.Tensor | None:
+        return None if self.best_model_score is None else torch.tensor(self.best_model_score)

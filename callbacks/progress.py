@@ -1,0 +1,111 @@
+"""ProgressBar: a tqdm bar per epoch and per evaluation (tqdm is imported only when a bar starts)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import TYPE_CHECKING, Any
+
+from callbacks.base import Callback
+
+if TYPE_CHECKING:
+    from trainer.module import TrainModule
+    from trainer.trainer import Trainer
+
+
+class ProgressBar(Callback):
+    """Shows training and evaluation progress on rank 0; metrics logged with prog_bar=True appear on it.
+
+    Metrics are read (a device sync) only when tqdm actually redraws, so the bar costs little per step.
+    """
+
+    def __init__(self, refresh_rate: int = 1, leave: bool = False) -> None:
+        self.refresh_rate = max(1, int(refresh_rate))
+        self.leave = leave
+        self._bar: Any = None
+        self._eval_bar: Any = None
+        self._pending = 0
+
+    def _new_bar(self, trainer: Trainer, desc: str, total: int | float, leave: bool) -> Any:
+        if not trainer.is_global_zero:
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(total=None if total == math.inf else int(total), desc=desc, leave=leave, dynamic_ncols=True,
+                    file=sys.stdout, mininterval=0.5, smoothing=0)
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
+        self._close_train()
+        self._bar = self._new_bar(trainer, f"Epoch {trainer.current_epoch}", trainer.num_training_batches, True)
+        self._pending = 0
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: TrainModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self._bar is None:
+            return
+        self._pending += 1
+        if self._pending >= self.refresh_rate:
+            if self._bar.update(self._pending):
+                self._bar.set_postfix(trainer.progress_bar_metrics, refresh=False)
+            self._pending = 0
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
+        if self._bar is not None:
+            self._bar.update(self._pending)
+            self._bar.set_postfix(trainer.progress_bar_metrics, refresh=True)
+            self._pending = 0
+
+    def on_train_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
+        self._close_train()
+
+    def _close_train(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def _eval_start(self, trainer: Trainer, desc: str) -> None:
+        total = sum(trainer._eval_loaders(trainer.state.stage)[1]) if trainer.state.stage else 0
+        self._eval_bar = self._new_bar(trainer, desc, total, False)
+
+    def _eval_advance(self) -> None:
+        if self._eval_bar is not None:
+            self._eval_bar.update(1)
+
+    def _eval_end(self) -> None:
+        if self._eval_bar is not None:
+            self._eval_bar.close()
+            self._eval_bar = None
+
+    def on_validation_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
+        self._eval_start(trainer, "Sanity check" if trainer.sanity_checking else "Validation")
+
+    def on_validation_batch_end(self, trainer: Trainer, pl_module: TrainModule, outputs: Any, batch: Any,
+                                batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._eval_advance()
+
+    def on_validation_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
+        self._eval_end()
+
+    def on_test_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
+        self._eval_start(trainer, "Testing")
+
+    def on_test_batch_end(self, trainer: Trainer, pl_module: TrainModule, outputs: Any, batch: Any,
+                          batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._eval_advance()
+
+    def on_test_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
+        self._eval_end()
+
+    def on_predict_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
+        self._eval_bar = self._new_bar(trainer, "Predicting", sum(trainer._loaders.predict_limits), False)
+
+    def on_predict_batch_end(self, trainer: Trainer, pl_module: TrainModule, outputs: Any, batch: Any,
+                             batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._eval_advance()
+
+    def on_predict_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
+        self._eval_end()
+
+    def on_exception(self, trainer: Trainer, pl_module: TrainModule, exception: BaseException) -> None:
+        self._close_train()
+        self._eval_end()

@@ -1,0 +1,19 @@
+"""Strategies: everything that differs between one device, DataParallel, DDP and ZeRO.
+
+This package is a leaf: it imports torch only, never `trainer` or `callbacks`.
+"""
+
+from strategies.base import Strategy
+from strategies.distributed import rank_zero_only
+from strategies.precision import Precision, precision_from_flag
+from strategies.registry import STRATEGY_REGISTRY
+from strategies.single_device import SingleDeviceStrategy
+
+__all__ = [
+    "STRATEGY_REGISTRY",
+    "Precision",
+    "SingleDeviceStrategy",
+    "Strategy",
+    "precision_from_flag",
+    "rank_zero_only",
+]

@@ -1,0 +1,263 @@
+"""The Strategy seam: everything that differs between single device, DP, DDP and ZeRO lives behind it.
+
+The loop calls these methods unconditionally and never asks which strategy it has. Every method
+is called on every rank unless its docstring says otherwise.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import torch
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+from strategies import checkpoint_io, distributed
+from strategies.precision import Precision
+
+T = TypeVar("T")
+ReduceOp = Literal["mean", "sum", "max", "min"]
+
+
+class _StepRouter(nn.Module):
+    """Routes `training_step` & co. through `forward`, so wrappers (DDP, DP, FSDP2) see every step.
+
+    Calling `module.training_step()` on a wrapped model would skip the wrapper's gradient sync
+    (the bug Lightning fixed in PR #17424 by monkeypatching forward); an explicit router avoids that.
+    The precision context is entered here, not in the caller: DP runs forward in worker threads and
+    autocast state is thread-local.
+    """
+
+    def __init__(self, module: nn.Module, forward_context: Callable[[], AbstractContextManager]) -> None:
+        super().__init__()
+        self.module = module
+        self._forward_context = forward_context
+
+    def forward(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        with self._forward_context():
+            return getattr(self.module, method)(*args, **kwargs)
+
+
+class _StrategyOptimizer:
+    """What `TrainModule.optimizers()` returns in manual optimization: `.step()` goes through the strategy.
+
+    Everything else (param_groups, zero_grad, state_dict, ...) is the wrapped optimizer's own.
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        strategy: Strategy,
+        before_step: Callable[[Optimizer], None],
+        after_step: Callable[[Optimizer, bool], None],
+    ) -> None:
+        self.optimizer = optimizer
+        self._strategy = strategy
+        self._before_step = before_step
+        self._after_step = after_step
+
+    def step(self, closure: Callable[[], Any] | None = None) -> bool:
+        self._before_step(self.optimizer)
+        stepped = self._strategy.optimizer_step(self.optimizer, closure)
+        self._after_step(self.optimizer, stepped)
+        return stepped
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.optimizer, name)
+
+    def __repr__(self) -> str:
+        return f"_StrategyOptimizer({self.optimizer!r})"
+
+
+def move_to_device(batch: Any, device: torch.device) -> Any:
+    """Recursively move tensors in (nested) lists, tuples, namedtuples and dicts to `device`."""
+    if isinstance(batch, Tensor):
+        if batch.device == device:
+            return batch
+        return batch.to(device, non_blocking=device.type == "cuda")
+    if isinstance(batch, (list, tuple)):
+        moved = [move_to_device(item, device) for item in batch]
+        if hasattr(batch, "_fields"):  # namedtuple
+            return type(batch)(*moved)
+        return type(batch)(moved) if isinstance(batch, list) else tuple(moved)
+    if isinstance(batch, Mapping):
+        return type(batch)({k: move_to_device(v, device) for k, v in batch.items()}) if isinstance(
+            batch, dict
+        ) else {k: move_to_device(v, device) for k, v in batch.items()}
+    to = getattr(batch, "to", None)
+    if callable(to) and not isinstance(batch, nn.Module):
+        return to(device)
+    return batch
+
+
+class Strategy(ABC):
+    """Owns device placement, wrapping, backward, optimizer stepping, collectives and checkpoint I/O."""
+
+    global_rank: int = 0
+    local_rank: int = 0
+    node_rank: int = 0
+    world_size: int = 1
+
+    def __init__(self, precision: Precision | None = None) -> None:
+        self.precision = precision if precision is not None else Precision()
+        self._module: nn.Module | None = None
+        self._model: nn.Module | None = None
+
+    # --- registry -----------------------------------------------------------------------------
+    @classmethod  # noqa: B027 (optional for user-defined strategies)
+    def register(cls, registry: Any) -> None:
+        """Add this class's names to the strategy registry (see strategies.registry)."""
+
+    @classmethod
+    def from_flags(
+        cls, devices: list[torch.device], num_nodes: int, precision: Precision, **kwargs: Any
+    ) -> Strategy:
+        """Build the strategy from resolved Trainer flags (called by the registry)."""
+        raise NotImplementedError(f"{cls.__name__} cannot be built from a strategy name; pass an instance.")
+
+    def supported_precisions(self) -> tuple[str, ...]:
+        """Canonical precision names this strategy can run; checked by `validate_precision`."""
+        return ("32-true", "64-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true")
+
+    # --- topology -----------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def root_device(self) -> torch.device:
+        """The device this rank computes on."""
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.global_rank == 0
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    def launch(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """Run `fn` on every rank. Single process: just call it."""
+        return fn(*args)
+
+    def setup_environment(self) -> None:
+        """Prepare this process (process group, device, rank-zero gating)."""
+        distributed.rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
+
+    def setup_module(self, module: nn.Module) -> None:
+        """Move the module to the device, apply precision, and build the wrapped step router."""
+        module = self.precision.convert_module(module.to(self.root_device))
+        self._module = module
+        self._model = self._wrap(_StepRouter(module, self.precision.forward_context))
+
+    def _wrap(self, router: _StepRouter) -> nn.Module:
+        """Wrap the router (DDP, DP, FSDP2). Identity by default."""
+        return router
+
+    def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
+        """Return the optimizers to use (ZeRO-1 swaps in a sharded optimizer). Identity by default."""
+        return optimizers
+
+    def teardown(self) -> None:
+        """Release what setup acquired."""
+        self._model = None
+
+    # --- the step -----------------------------------------------------------------------------
+    def step(self, method: str, *args: Any) -> Any:
+        """Run `module.<method>(*args)` through the wrapper's forward."""
+        assert self._model is not None, "Strategy.setup_module() must run before step()"
+        return self._model(method, *args)
+
+    def backward(self, loss: Tensor) -> None:
+        self.precision.backward(loss)
+
+    def no_backward_sync(self, enabled: bool) -> AbstractContextManager:
+        """Skip gradient sync during accumulation (DDP no_sync). Must wrap forward and backward."""
+        return nullcontext()
+
+    def clip_gradients(
+        self,
+        optimizer: Optimizer,
+        *,
+        max_norm: float | None = None,
+        max_value: float | None = None,
+        norm_type: float = 2.0,
+    ) -> Tensor | None:
+        """Clip the optimizer's gradients by norm or value (unscaling first). No-op when both are None."""
+        if max_norm is None and max_value is None:
+            return None
+        self.precision.unscale_gradients(optimizer)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if max_norm is not None:
+            return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
+        torch.nn.utils.clip_grad_value_(params, max_value)  # type: ignore[arg-type]
+        return None
+
+    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None) -> bool:
+        """Step through the precision object; False means the step was skipped (AMP overflow)."""
+        return self.precision.optimizer_step(optimizer, closure)
+
+    # --- data ---------------------------------------------------------------------------------
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, Any] | None:
+        """Kwargs for a DistributedSampler (num_replicas, rank), or None when no sampler is injected."""
+        return None
+
+    def batch_to_device(self, batch: Any) -> Any:
+        return self.precision.convert_input(move_to_device(batch, self.root_device))
+
+    # --- collectives (identities when world_size == 1) ------------------------------------------
+    def all_reduce(self, tensor: Tensor, op: ReduceOp = "mean") -> Tensor:
+        return distributed.all_reduce(tensor, op)
+
+    def all_gather(self, tensor: Tensor) -> Tensor:
+        return distributed.all_gather(tensor)
+
+    def broadcast(self, obj: T, src: int = 0) -> T:
+        return distributed.broadcast_object(obj, src)
+
+    def barrier(self, name: str | None = None) -> None:
+        distributed.barrier()
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        """Agree on a decision: all=True means every rank must say yes; all=False means any rank may."""
+        if self.world_size == 1:
+            return bool(decision)
+        flag = torch.tensor(int(bool(decision)), device=self.root_device)
+        total = int(self.all_reduce(flag, "sum").item())
+        return total == self.world_size if all else total > 0
+
+    # --- checkpoint (collective: call on every rank) ----------------------------------------------
+    def module_state_dict(self) -> dict[str, Any]:
+        return self.module.state_dict()
+
+    def optimizer_state_dict(self, optimizer: Optimizer) -> dict[str, Any]:
+        return optimizer.state_dict()
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path) -> None:
+        """Rank 0 writes one file atomically; other ranks wait."""
+        if self.is_global_zero:
+            checkpoint_io.atomic_save(checkpoint, path)
+        self.barrier("save_checkpoint")
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        return checkpoint_io.safe_load(path, map_location="cpu")
+
+    def load_module_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> None:
+        self.module.load_state_dict(state_dict, strict=strict)
+
+    def load_optimizer_state_dict(self, optimizer: Optimizer, state_dict: dict[str, Any]) -> None:
+        optimizer.load_state_dict(state_dict)
+
+    # --- access -------------------------------------------------------------------------------
+    @property
+    def module(self) -> nn.Module:
+        """The user's module, unwrapped: use for hooks, logging and state."""
+        if self._module is None:
+            raise RuntimeError("Strategy.setup_module() has not run yet.")
+        return self._module
+
+    @property
+    def model(self) -> nn.Module:
+        """The wrapped callable; use only through step()."""
+        if self._model is None:
+            raise RuntimeError("Strategy.setup_module() has not run yet.")
+        return self._model

@@ -1,0 +1,98 @@
+"""Checkpoint file I/O: atomic durable writes and safe (weights-only) reads with friendly errors."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import uuid
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from strategies.exceptions import CheckpointLoadError, CheckpointSaveError
+
+TMP_MARKER = ".tmp-"
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_save(
+    obj: Any, path: str | Path, write: Callable[[Any, Any], None] = torch.save
+) -> None:
+    """Write `obj` to `path` so that a crash at any moment leaves either the old file or the new one.
+
+    The bytes go to a temp file in the same directory, are flushed and fsynced, then renamed over
+    the target with os.replace (atomic on POSIX), and the directory entry is fsynced.
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise CheckpointSaveError(f"cannot create checkpoint directory {path.parent}: {err}") from err
+    tmp = path.with_name(f"{path.name}{TMP_MARKER}{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "wb") as handle:
+            write(obj, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointSaveError(
+            f"could not save checkpoint to {path} ({err.strerror or err}, errno {err.errno}); "
+            "the previous checkpoint, if any, is untouched. Check free space and write permission."
+        ) from err
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def remove_stale_temp_files(directory: str | Path) -> list[Path]:
+    """Delete temp files left by a writer that died mid-save; return what was removed."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    removed = [p for p in directory.iterdir() if TMP_MARKER in p.name and p.is_file()]
+    for p in removed:
+        p.unlink(missing_ok=True)
+    return removed
+
+
+def safe_load(path: str | Path, map_location: str | torch.device | None = "cpu") -> dict[str, Any]:
+    """Load a checkpoint with `weights_only=True`; every failure becomes a CheckpointLoadError."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointLoadError(f"checkpoint {path} does not exist. Check the path (or use ckpt_path='last').")
+    if path.is_dir():
+        raise CheckpointLoadError(f"checkpoint {path} is a directory, but a checkpoint file was expected.")
+    if path.stat().st_size == 0:
+        raise CheckpointLoadError(f"checkpoint {path} is empty (0 bytes): it is truncated or was never written.")
+    try:
+        data = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise CheckpointLoadError(
+            f"checkpoint {path} was refused by the safe (weights-only) loader: {err}. "
+            "Only tensors and plain Python values may be stored in a checkpoint."
+        ) from err
+    except (RuntimeError, EOFError, IndexError, ValueError, OSError, zipfile.BadZipFile, KeyError) as err:
+        raise CheckpointLoadError(
+            f"checkpoint {path} is not a valid checkpoint (truncated or corrupted): {err}"
+        ) from err
+    if not isinstance(data, dict):
+        raise CheckpointLoadError(f"checkpoint {path} holds a {type(data).__name__}, not a checkpoint dict.")
+    return data

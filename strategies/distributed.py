@@ -1,0 +1,111 @@
+"""Rank-zero helpers and collectives that are identities when no process group is running.
+
+These are the only process-global helpers in the project: `rank_zero_only.rank` mirrors the
+current process's rank so that printing and file I/O can be gated without a Trainer in reach.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import socket
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("trainer")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _rank_from_env() -> int:
+    for key in ("RANK", "SLURM_PROCID", "LOCAL_RANK"):
+        if key in os.environ:
+            try:
+                return int(os.environ[key])
+            except ValueError:
+                pass
+    return 0
+
+
+def rank_zero_only(fn: F) -> F:
+    """Run `fn` only on global rank 0 and return None elsewhere (`rank_zero_only.rank` holds the rank)."""
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        if rank_zero_only.rank == 0:  # type: ignore[attr-defined]
+            return fn(*args, **kwargs)
+        return None
+
+    return wrapped  # type: ignore[return-value]
+
+
+rank_zero_only.rank = _rank_from_env()  # type: ignore[attr-defined]
+
+
+@rank_zero_only
+def rank_zero_info(message: str) -> None:
+    """Log (and print) an informational message once, from rank 0."""
+    print(message, flush=True)
+
+
+@rank_zero_only
+def rank_zero_warn(message: str, category: type[Warning] = UserWarning, stacklevel: int = 3) -> None:
+    """Emit a warning once, from rank 0."""
+    warnings.warn(message, category, stacklevel=stacklevel)
+
+
+def is_distributed() -> bool:
+    """True when a default process group is running with more than one rank."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+_REDUCE_OPS = {"sum": "SUM", "max": "MAX", "min": "MIN", "mean": "SUM"}
+
+
+def all_reduce(tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
+    """Reduce `tensor` over all ranks (a copy; the input is untouched). Identity without a process group."""
+    if op not in _REDUCE_OPS:
+        raise ValueError(f"all_reduce op must be one of {sorted(_REDUCE_OPS)}, got {op!r}")
+    if not is_distributed():
+        return tensor
+    out = tensor.detach().clone()
+    dist.all_reduce(out, op=getattr(dist.ReduceOp, _REDUCE_OPS[op]))
+    if op == "mean":
+        out = out / dist.get_world_size()
+    return out
+
+
+def all_gather(tensor: torch.Tensor) -> torch.Tensor:
+    """Stack `tensor` from every rank along a new dim 0. Without a process group: `tensor[None]`."""
+    if not is_distributed():
+        return tensor.unsqueeze(0)
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, tensor.contiguous())
+    return torch.stack(parts)
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Send a picklable object from `src` to every rank. Identity without a process group."""
+    if not is_distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def barrier() -> None:
+    """Wait for every rank. No-op without a process group."""
+    if is_distributed():
+        dist.barrier()
+
+
+def find_free_port() -> int:
+    """A TCP port that is free on 127.0.0.1 right now (never a fixed 29500: parallel jobs collide)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

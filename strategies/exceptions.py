@@ -1,0 +1,35 @@
+"""The project's exception types.
+
+They live in the leaf package so that strategies, callbacks and the trainer can all raise them;
+`trainer.exceptions` re-exports them for users.
+"""
+
+from __future__ import annotations
+
+
+class TrainerError(Exception):
+    """Base class of every error this project raises on purpose."""
+
+
+class ConfigError(TrainerError, ValueError):
+    """A Trainer flag or config value is invalid. The message names the flag and the accepted values."""
+
+
+class MisconfigurationError(TrainerError, ValueError):
+    """The user's TrainModule, DataModule or callbacks break the contract (a missing or malformed hook)."""
+
+
+class CheckpointError(TrainerError):
+    """A checkpoint could not be saved or loaded. The message names the path and the fix."""
+
+
+class CheckpointLoadError(CheckpointError):
+    """A checkpoint could not be read: missing, truncated, foreign or unsafe."""
+
+
+class CheckpointSaveError(CheckpointError):
+    """A checkpoint could not be written; the previous checkpoint is left intact."""
+
+
+class DistributedDesyncError(TrainerError, RuntimeError):
+    """Ranks disagreed about what to do next (a dead rank, uneven data, mismatched collectives)."""

@@ -1,0 +1,14 @@
+"""trainer: a small PyTorch training framework in the style of PyTorch Lightning.
+
+Public names only. Heavy optional dependencies (tensorboard, omegaconf, tqdm, torchmetrics) are
+imported by the components that need them, when they are first used.
+"""
+
+from strategies.distributed import rank_zero_only
+from trainer.datamodule import DataModule
+from trainer.module import TrainModule
+from trainer.seed import seed_everything
+from trainer.trainer import Trainer
+
+__all__ = ["DataModule", "TrainModule", "Trainer", "rank_zero_only", "seed_everything"]
+__version__ = "0.1.0"

@@ -1,0 +1,149 @@
+"""The checkpoint schema: what goes into a checkpoint, in what order it is restored, and the checks
+that keep it loadable with `torch.load(weights_only=True)`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from strategies.checkpoint_io import safe_load
+from strategies.exceptions import CheckpointLoadError, CheckpointSaveError
+from trainer.seed import capture_rng_state, restore_rng_state
+
+if TYPE_CHECKING:
+    from trainer.module import TrainModule
+    from trainer.trainer import Trainer
+
+FORMAT_VERSION = 1
+_PRIMITIVES = (str, int, float, bool, type(None), torch.Tensor, torch.dtype, torch.device, torch.Size)
+
+
+def check_weights_only_safe(value: Any, path: str = "checkpoint") -> None:
+    """Raise CheckpointSaveError naming the key path of the first value torch.load(weights_only) refuses."""
+    if isinstance(value, _PRIMITIVES):
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, (str, int, float, bool, type(None))):
+                raise CheckpointSaveError(f"{path} has a key of type {type(key).__name__}; use str or int keys.")
+            check_weights_only_safe(item, f"{path}[{key!r}]")
+        return
+    if isinstance(value, (list, tuple, set)):
+        for idx, item in enumerate(value):
+            check_weights_only_safe(item, f"{path}[{idx}]")
+        return
+    raise CheckpointSaveError(
+        f"{path} holds a {type(value).__module__}.{type(value).__qualname__}, which a safe (weights-only) load "
+        "refuses. Store primitives, lists, dicts and tensors only "
+        "(e.g. convert configs with dict() or OmegaConf.to_container)."
+    )
+
+
+def dump_checkpoint(trainer: Trainer) -> dict[str, Any]:
+    """Build the checkpoint dict. Collective: call on every rank."""
+    s = trainer.strategy
+    module = s.module
+    checkpoint: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "state_dict": s.module_state_dict(),
+        "optimizer_states": [s.optimizer_state_dict(opt) for opt in trainer.optimizers],
+        "lr_schedulers": [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs],
+        "precision": s.precision.state_dict(),
+        "progress": trainer._progress.state_dict(),
+        "epoch": trainer.current_epoch,
+        "global_step": trainer.global_step,
+        "hparams": dict(getattr(module, "hparams", {})),
+        "callbacks": {cb.state_key: cb.state_dict() for cb in trainer.callbacks if cb.state_dict()},
+        "rng": capture_rng_state(),
+        "world_size": s.world_size,
+    }
+    datamodule = trainer.datamodule
+    if datamodule is not None and datamodule.state_dict():
+        checkpoint["datamodule"] = datamodule.state_dict()
+    from trainer.hooks import call_hook
+
+    call_hook(trainer, "on_save_checkpoint", checkpoint)
+    check_weights_only_safe(checkpoint)
+    return checkpoint
+
+
+def _check_format(checkpoint: Mapping[str, Any], path: str | Path) -> None:
+    version = checkpoint.get("format_version")
+    if version is None:
+        hint = " It looks like a PyTorch Lightning checkpoint." if "pytorch-lightning_version" in checkpoint else ""
+        raise CheckpointLoadError(f"{path} has no 'format_version': it was not written by this trainer.{hint}")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CheckpointLoadError(
+            f"{path} has format_version {version!r}, newer than this release understands ({FORMAT_VERSION}); "
+            "upgrade the trainer package."
+        )
+
+
+def load_checkpoint_file(trainer: Trainer, path: str | Path) -> dict[str, Any]:
+    checkpoint = trainer.strategy.load_checkpoint(path)
+    _check_format(checkpoint, path)
+    return checkpoint
+
+
+def restore_module(trainer: Trainer, checkpoint: Mapping[str, Any], path: str | Path) -> None:
+    """Load weights (before optimizers are built, so sharded strategies shard the loaded values)."""
+    try:
+        trainer.strategy.load_module_state_dict(checkpoint["state_dict"])
+    except RuntimeError as err:
+        raise CheckpointLoadError(f"{path} does not match the model: {err}") from err
+
+
+def restore_training_state(trainer: Trainer, checkpoint: Mapping[str, Any], path: str | Path) -> None:
+    """Optimizers, schedulers, precision, loop progress, callbacks, RNG, in that order."""
+    s = trainer.strategy
+    saved_opts = checkpoint.get("optimizer_states", [])
+    if len(saved_opts) != len(trainer.optimizers):
+        raise CheckpointLoadError(
+            f"{path} holds {len(saved_opts)} optimizer state(s) but configure_optimizers() built "
+            f"{len(trainer.optimizers)}."
+        )
+    for opt, state in zip(trainer.optimizers, saved_opts, strict=True):
+        try:
+            s.load_optimizer_state_dict(opt, state)
+        except (ValueError, KeyError, RuntimeError) as err:
+            raise CheckpointLoadError(f"{path}: optimizer state does not fit the optimizer: {err}") from err
+    for config, state in zip(trainer.lr_scheduler_configs, checkpoint.get("lr_schedulers", []), strict=False):
+        config.scheduler.load_state_dict(state)
+    s.precision.load_state_dict(checkpoint.get("precision", {}))
+    trainer._progress.load_state_dict(checkpoint.get("progress", {}))
+    if trainer._progress.epoch_finished:
+        trainer._progress.current_epoch += 1
+        trainer._progress.epoch_finished = False
+    trainer._progress.epoch_batches = 0
+    states = checkpoint.get("callbacks", {})
+    for cb in trainer.callbacks:
+        if cb.state_key in states:
+            cb.load_state_dict(states[cb.state_key])
+    if trainer.datamodule is not None and "datamodule" in checkpoint:
+        trainer.datamodule.load_state_dict(checkpoint["datamodule"])
+    if "rng" in checkpoint:
+        restore_rng_state(checkpoint["rng"])
+
+
+def load_module_from_checkpoint(
+    cls: type[TrainModule], path: str | Path, map_location: Any, strict: bool, overrides: dict[str, Any]
+) -> TrainModule:
+    checkpoint = safe_load(path, map_location=map_location or "cpu")
+    _check_format(checkpoint, path)
+    hparams = {**checkpoint.get("hparams", {}), **overrides}
+    try:
+        module = cls(**hparams)
+    except TypeError as err:
+        raise CheckpointLoadError(
+            f"cannot rebuild {cls.__name__} from the hparams saved in {path} ({sorted(hparams)}): {err}. "
+            "Call self.save_hyperparameters() in __init__, or pass the missing arguments as keyword overrides."
+        ) from err
+    try:
+        module.load_state_dict(checkpoint["state_dict"], strict=strict)
+    except RuntimeError as err:
+        raise CheckpointLoadError(f"{path} does not match {cls.__name__}: {err}") from err
+    module.on_load_checkpoint(checkpoint)
+    return module

@@ -1,0 +1,126 @@
+"""Dataloaders: resolve them (arguments > datamodule > module hooks), apply limit_*_batches, inject a
+DistributedSampler when the strategy asks for one, call set_epoch, and iterate with a one-batch
+look-ahead so the loop knows which batch is the last."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data.distributed import DistributedSampler
+
+from strategies.exceptions import ConfigError, MisconfigurationError
+
+_HOOKS = {"train": "train_dataloader", "val": "val_dataloader", "test": "test_dataloader",
+          "predict": "predict_dataloader"}
+_LIMIT_FLAGS = {"train": "limit_train_batches", "val": "limit_val_batches", "test": "limit_test_batches",
+                "predict": "limit_predict_batches"}
+# The plain DataLoader arguments we carry over when re-building a loader around a new sampler.
+_LOADER_ARGS = ("batch_size", "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout",
+                "worker_init_fn", "multiprocessing_context", "generator", "prefetch_factor",
+                "persistent_workers", "pin_memory_device", "in_order")
+
+
+def resolve_loaders(stage: str, given: Any, datamodule: Any, module: Any) -> list[Iterable]:
+    """Loaders for `stage`, from the argument, else the datamodule's hook, else the module's hook."""
+    source = given
+    hook = _HOOKS[stage]
+    if source is None:
+        for owner in (datamodule, module):
+            fn = getattr(owner, hook, None) if owner is not None else None
+            if fn is not None and not getattr(fn, "_is_default_hook", False):
+                source = fn()
+                break
+    if source is None:
+        return []
+    loaders = list(source) if isinstance(source, (list, tuple)) else [source]
+    for loader in loaders:
+        if not isinstance(loader, Iterable):
+            raise MisconfigurationError(
+                f"{hook}() returned {type(loader).__name__}; return a DataLoader or an iterable."
+            )
+    return loaders
+
+
+def inject_sampler(loader: Iterable, sampler_kwargs: dict[str, Any] | None, shuffle_default: bool) -> Iterable:
+    """Rebuild a plain DataLoader with a DistributedSampler when the strategy asks for one."""
+    if sampler_kwargs is None or not isinstance(loader, DataLoader):
+        return loader
+    if isinstance(loader.dataset, IterableDataset) or isinstance(loader.sampler, DistributedSampler):
+        return loader
+    if type(loader) is not DataLoader or type(loader.sampler) not in (RandomSampler, SequentialSampler) or (
+        loader.batch_sampler is not None and type(loader.batch_sampler).__name__ != "BatchSampler"
+    ):
+        raise ConfigError(
+            f"cannot add a DistributedSampler to {type(loader).__name__} with {type(loader.sampler).__name__}: only "
+            "plain DataLoaders with the default samplers are re-built. Shard the data yourself and pass "
+            "Trainer(use_distributed_sampler=False)."
+        )
+    shuffle = isinstance(loader.sampler, RandomSampler) if shuffle_default else False
+    sampler = DistributedSampler(loader.dataset, shuffle=shuffle, **sampler_kwargs)
+    kwargs = {name: getattr(loader, name) for name in _LOADER_ARGS if hasattr(loader, name)}
+    if kwargs.get("num_workers", 0) == 0:
+        kwargs.pop("prefetch_factor", None)
+        kwargs["persistent_workers"] = False
+    return DataLoader(loader.dataset, sampler=sampler, **kwargs)
+
+
+def loader_length(loader: Iterable) -> int | float:
+    """Number of batches, or inf when the loader has no length."""
+    try:
+        return len(loader)  # type: ignore[arg-type]
+    except TypeError:
+        return math.inf
+
+
+def limit_batches(stage: str, length: int | float, limit: int | float) -> int | float:
+    """Apply limit_*_batches: an int caps the count; a float is a fraction of the length."""
+    if isinstance(limit, int):
+        return min(length, limit)
+    if limit == 1.0:
+        return length
+    if length == math.inf:
+        raise ConfigError(
+            f"{_LIMIT_FLAGS[stage]}={limit} is a fraction, but the {stage} loader has no length; pass an int instead."
+        )
+    count = int(length * limit)
+    return max(count, 1) if limit > 0 and length > 0 else count
+
+
+def set_epoch(loader: Iterable, epoch: int) -> None:
+    """Tell samplers (DistributedSampler and friends) which epoch starts, so shuffling changes per epoch."""
+    for obj in (getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None),
+                getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+        fn = getattr(obj, "set_epoch", None)
+        if callable(fn):
+            fn(epoch)
+
+
+def iterate(loader: Iterable, max_batches: int | float) -> Iterator[tuple[int, Any, bool]]:
+    """Yield (batch_idx, batch, is_last) for at most max_batches batches.
+
+    When the count is known the batches are fetched exactly as a plain `for` loop would (so data-side
+    randomness interleaves with the step as in a raw loop); only length-less loaders are read one
+    batch ahead to find the last one.
+    """
+    if max_batches <= 0:
+        return
+    if max_batches != math.inf:
+        last = int(max_batches) - 1
+        for idx, batch in enumerate(loader):
+            yield idx, batch, idx == last
+            if idx == last:
+                return
+        return
+    it = iter(loader)
+    try:
+        current = next(it)
+    except StopIteration:
+        return
+    idx = 0
+    for upcoming in it:
+        yield idx, current, False
+        current, idx = upcoming, idx + 1
+    yield idx, current, True

@@ -1,0 +1,47 @@
+"""DataModule: the data side of a run (download/prepare, split, loaders), kept apart from the model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainer.module import AttributeDict, _default_hook
+
+
+class DataModule:
+    """Subclass and define the `*_dataloader` hooks you need; `setup(stage)` runs on every rank."""
+
+    def __init__(self) -> None:
+        self.trainer: Any = None
+        self.hparams = AttributeDict()
+
+    def prepare_data(self) -> None:
+        """Runs once per node before setup (download or write files here)."""
+
+    def setup(self, stage: str) -> None:
+        """Build datasets; `stage` is 'fit', 'validate', 'test' or 'predict'."""
+
+    def teardown(self, stage: str) -> None:
+        """Release what setup built."""
+
+    @_default_hook
+    def train_dataloader(self) -> Any:
+        return None
+
+    @_default_hook
+    def val_dataloader(self) -> Any:
+        return None
+
+    @_default_hook
+    def test_dataloader(self) -> Any:
+        return None
+
+    @_default_hook
+    def predict_dataloader(self) -> Any:
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Extra state to save in checkpoints (primitives and tensors only)."""
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore what state_dict returned."""

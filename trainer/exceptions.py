@@ -1,0 +1,21 @@
+"""User-facing exception types (defined in the leaf `strategies` package, re-exported here)."""
+
+from strategies.exceptions import (
+    CheckpointError,
+    CheckpointLoadError,
+    CheckpointSaveError,
+    ConfigError,
+    DistributedDesyncError,
+    MisconfigurationError,
+    TrainerError,
+)
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointLoadError",
+    "CheckpointSaveError",
+    "ConfigError",
+    "DistributedDesyncError",
+    "MisconfigurationError",
+    "TrainerError",
+]

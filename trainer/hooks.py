@@ -1,0 +1,147 @@
+"""Hook dispatch: `call_hook` is the one function that calls callbacks and TrainModule hooks.
+
+Callbacks run first, in list order with ModelCheckpoint callbacks moved last, then the TrainModule.
+One exception, as in Lightning: for `on_train_epoch_end` the monitoring callbacks (ModelCheckpoint,
+EarlyStopping) run *after* the module hook, so that metrics the module logs there can be monitored.
+
+The order of every hook during `fit` (the hook-order test expands this pseudocode and compares):
+
+    fit:
+        setup
+        configure_optimizers
+        on_fit_start
+        if sanity_check:
+            on_sanity_check_start
+            on_validation_start
+            on_validation_epoch_start
+            for batch in sanity_batches:
+                on_validation_batch_start
+                validation_step
+                on_validation_batch_end
+            on_validation_epoch_end
+            on_validation_end
+            on_sanity_check_end
+        on_train_start
+        for epoch in epochs:
+            on_train_epoch_start
+            for batch in train_batches:
+                on_train_batch_start
+                training_step
+                on_before_backward
+                on_after_backward
+                on_before_optimizer_step
+                on_before_zero_grad
+                on_train_batch_end
+            if validation:
+                on_validation_start
+                on_validation_epoch_start
+                for batch in val_batches:
+                    on_validation_batch_start
+                    validation_step
+                    on_validation_batch_end
+                on_validation_epoch_end
+                on_validation_end
+            on_train_epoch_end
+        on_train_end
+        on_fit_end
+        teardown
+
+Notes on the pseudocode:
+- With accumulate_grad_batches=N, on_before_optimizer_step and on_before_zero_grad run only on the
+  last batch of each window (and on the last batch of the epoch).
+- With a mid-epoch `val_check_interval`, the validation block runs right after the
+  on_train_batch_end of each batch that is due, and on_train_epoch_end still closes the epoch.
+- Checkpoint saves call `on_save_checkpoint` wherever a ModelCheckpoint decides to save
+  (after validation, or at on_train_epoch_end when there is no validation).
+- `validate`/`test` run the validation block above with their own stage names
+  (on_test_start, on_test_epoch_start, ...), between setup and teardown.
+- On an exception, callbacks get `on_exception(trainer, module, exc)` before teardown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
+# Hooks for which monitoring callbacks must run after the module (see module docstring).
+_MONITOR_AFTER_MODULE = frozenset({"on_train_epoch_end"})
+
+
+def _is_overridden(obj: Any, name: str, base: type) -> bool:
+    """True when `obj` defines `name` differently from `base`'s no-op (or as an instance attribute)."""
+    if name in getattr(obj, "__dict__", {}):
+        return True
+    impl = getattr(type(obj), name, None)
+    return impl is not None and impl is not getattr(base, name, None)
+
+
+class HookDispatcher:
+    """Caches, per hook name, the bound callables that really do something, so that calling a hook
+    nobody overrides costs a dict lookup (this is on the per-step hot path)."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self._trainer = trainer
+        self._cache: dict[str, list[Callable[..., Any]]] = {}
+
+    def reset(self) -> None:
+        self._cache.clear()
+
+    def targets(self, name: str) -> list[Callable[..., Any]]:
+        found = self._cache.get(name)
+        if found is None:
+            found = self._cache[name] = self._resolve(name)
+        return found
+
+    def _resolve(self, name: str) -> list[Callable[..., Any]]:
+        from callbacks.base import Callback
+        from trainer.module import TrainModule
+
+        trainer = self._trainer
+        module = trainer._module_or_none
+        callbacks = [cb for cb in trainer.callbacks if _is_overridden(cb, name, Callback)]
+        calls: list[Callable[..., Any]] = []
+        if name in _MONITOR_AFTER_MODULE:
+            first = [cb for cb in callbacks if not getattr(cb, "is_monitoring_callback", False)]
+            last = [cb for cb in callbacks if getattr(cb, "is_monitoring_callback", False)]
+        else:
+            first, last = callbacks, []
+        calls.extend(_callback_call(cb, name, trainer) for cb in first)
+        if module is not None and hasattr(module, name) and _is_overridden(module, name, TrainModule):
+            calls.append(getattr(module, name))
+        calls.extend(_callback_call(cb, name, trainer) for cb in last)
+        return calls
+
+
+def _callback_call(callback: Any, name: str, trainer: Trainer) -> Callable[..., Any]:
+    method = getattr(callback, name)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return method(trainer, trainer._module_or_none, *args, **kwargs)
+
+    call._is_callback = True  # type: ignore[attr-defined]
+    return call
+
+
+def call_hook(trainer: Trainer, name: str, *args: Any, **kwargs: Any) -> Any:
+    """Call hook `name` on every callback (as `cb.name(trainer, module, *args)`), then on the module.
+
+    Returns the last non-None value a hook returned (on_train_batch_start may return -1).
+    """
+    targets = trainer._hooks.targets(name)
+    if not targets:
+        return None
+    results = trainer._results
+    previous = results.current_fx
+    results.current_fx = name
+    returned = None
+    try:
+        for fn in targets:
+            value = fn(*args, **kwargs)
+            if value is not None:
+                returned = value
+    finally:
+        results.current_fx = previous
+    return returned

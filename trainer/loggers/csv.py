@@ -1,0 +1,73 @@
+"""CSVLogger: metrics.csv (one row per step, columns grow as new keys appear) and hparams.yaml."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from trainer.loggers.base import Logger, flatten_hparams, next_version
+
+
+class CSVLogger(Logger):
+    """Writes `save_dir/name/version_N/metrics.csv` and `hparams.yaml` (plain text, no extra deps)."""
+
+    def __init__(self, save_dir: str | Path, name: str = "csv_logs", version: int | str | None = None,
+                 flush_logs_every_n_steps: int = 100) -> None:
+        self._save_dir = Path(save_dir)
+        self._name = name
+        self._version = version
+        self.flush_every = flush_logs_every_n_steps
+        self._rows: list[dict[str, Any]] = []
+        self._columns: list[str] = []
+        self._written = 0
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def version(self) -> int | str:
+        if self._version is None:
+            self._version = next_version(self._save_dir / self._name)
+        return self._version
+
+    @property
+    def save_dir(self) -> str:
+        return str(self._save_dir)
+
+    @property
+    def log_dir(self) -> str:
+        version = self.version if isinstance(self.version, str) else f"version_{self.version}"
+        return str(self._save_dir / self._name / version)
+
+    @property
+    def metrics_file(self) -> Path:
+        return Path(self.log_dir) / "metrics.csv"
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        row = {"step": step, **metrics}
+        self._rows.append(row)
+        for key in row:
+            if key not in self._columns:
+                self._columns.append(key)
+        if len(self._rows) - self._written >= self.flush_every:
+            self.save()
+
+    def log_hyperparams(self, params: Mapping[str, Any]) -> None:
+        Path(self.log_dir).mkdir(parents=True, exist_ok=True)
+        lines = [f"{key}: {value!r}" if isinstance(value, str) else f"{key}: {value}"
+                 for key, value in flatten_hparams(params).items()]
+        (Path(self.log_dir) / "hparams.yaml").write_text("\n".join(lines) + "\n")
+
+    def save(self) -> None:
+        """Rewrite metrics.csv with every row so far (columns may have grown since the last write)."""
+        if not self._rows:
+            return
+        Path(self.log_dir).mkdir(parents=True, exist_ok=True)
+        with open(self.metrics_file, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=self._columns)
+            writer.writeheader()
+            writer.writerows(self._rows)
+        self._written = len(self._rows)

@@ -1,0 +1,77 @@
+"""TensorBoardLogger: scalars and hparams to `save_dir/name/version_N` (tensorboard imported lazily)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from trainer.loggers.base import Logger, flatten_hparams, next_version
+
+
+class TensorBoardLogger(Logger):
+    """Writes TensorBoard event files. `version=None` picks the next free `version_N`."""
+
+    def __init__(self, save_dir: str | Path, name: str = "runs", version: int | str | None = None,
+                 default_hp_metric: bool = False) -> None:
+        self._save_dir = Path(save_dir)
+        self._name = name
+        self._version = version
+        self._experiment: Any = None
+        self.default_hp_metric = default_hp_metric
+        self.hparams: dict[str, Any] = {}
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def version(self) -> int | str:
+        if self._version is None:
+            self._version = next_version(self._save_dir / self._name)
+        return self._version
+
+    @property
+    def save_dir(self) -> str:
+        return str(self._save_dir)
+
+    @property
+    def log_dir(self) -> str:
+        version = self.version if isinstance(self.version, str) else f"version_{self.version}"
+        return str(self._save_dir / self._name / version)
+
+    @property
+    def experiment(self) -> Any:
+        """The torch SummaryWriter, created on first use (importing tensorboard costs ~1 s)."""
+        if self._experiment is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            Path(self.log_dir).mkdir(parents=True, exist_ok=True)
+            self._experiment = SummaryWriter(log_dir=self.log_dir)
+        return self._experiment
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        for key, value in metrics.items():
+            if key == "epoch" and len(metrics) > 1:
+                continue
+            self.experiment.add_scalar(key, value, global_step=step)
+
+    def log_hyperparams(self, params: Mapping[str, Any]) -> None:
+        self.hparams.update(flatten_hparams(params))
+        from torch.utils.tensorboard.summary import hparams
+
+        metrics = {"hp_metric": -1} if self.default_hp_metric else {}
+        exp, ssi, sei = hparams(self.hparams, metrics)
+        writer = self.experiment._get_file_writer()
+        for summary in (exp, ssi, sei):
+            writer.add_summary(summary)
+
+    def save(self) -> None:
+        if self._experiment is not None:
+            self._experiment.flush()
+
+    def finalize(self, status: str) -> None:
+        if self._experiment is not None:
+            self._experiment.flush()
+            self._experiment.close()
+            self._experiment = None

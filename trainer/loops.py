@@ -1,0 +1,213 @@
+"""The fit, evaluation and predict loops. Flat, and blind to the strategy type: every difference
+between single device, DP, DDP and ZeRO is behind `trainer.strategy`. Hook order: see trainer.hooks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from strategies.exceptions import MisconfigurationError
+from trainer import data
+from trainer.hooks import call_hook
+from trainer.state import RunningStage
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
+_ACCEPTED_STEP_OUTPUT = "a scalar loss tensor, a dict with a 'loss' tensor, or None (skip this batch)"
+
+
+def loss_from(out: Any) -> Tensor | None:
+    """The loss in a training_step output, validated; None means skip the batch."""
+    if out is None:
+        return None
+    loss = out.get("loss") if isinstance(out, Mapping) else out
+    if isinstance(out, Mapping) and "loss" not in out:
+        raise MisconfigurationError(
+            f"training_step returned a dict without a 'loss' key (keys: {sorted(out)}); return {_ACCEPTED_STEP_OUTPUT}."
+        )
+    if not isinstance(loss, Tensor):
+        raise MisconfigurationError(f"training_step returned {type(loss).__name__}; return {_ACCEPTED_STEP_OUTPUT}.")
+    if loss.numel() != 1:
+        raise MisconfigurationError(
+            f"training_step returned a loss tensor of shape {tuple(loss.shape)}; it must be a scalar "
+            "(reduce it, e.g. with .mean())."
+        )
+    if not loss.requires_grad:
+        raise MisconfigurationError(
+            "training_step returned a loss that does not require grad (was it computed under torch.no_grad(), "
+            "or detached?). Return the loss tensor from the forward computation."
+        )
+    return loss
+
+
+def _detached(out: Any, loss: Tensor | None) -> Any:
+    """What on_train_batch_end receives: the step output with the loss detached (as in Lightning)."""
+    if loss is None:
+        return out
+    if isinstance(out, Mapping):
+        return {**out, "loss": loss.detach()}
+    return {"loss": loss.detach()}
+
+
+def train_one_batch(trainer: Trainer, batch: Any, batch_idx: int, is_last: bool) -> Any:
+    """Automatic optimization: forward, backward, and (at the end of an accumulation window) step."""
+    s, opt, accumulate = trainer.strategy, trainer.optimizers[0], trainer.accumulate_grad_batches
+    is_last_micro = is_last or (batch_idx + 1) % accumulate == 0
+    with s.no_backward_sync(enabled=not is_last_micro):  # wraps forward and backward
+        out = trainer._run_step("training_step", batch, batch_idx)
+        loss = loss_from(out)
+        if loss is not None:
+            call_hook(trainer, "on_before_backward", loss)
+            s.backward(loss / accumulate if accumulate > 1 else loss)
+            call_hook(trainer, "on_after_backward")
+            trainer._window_has_loss = True
+    if is_last_micro and trainer._window_has_loss:
+        call_hook(trainer, "on_before_optimizer_step", opt)
+        trainer._clip_gradients(opt)
+        if s.optimizer_step(opt):
+            trainer._scheduler_stepper.step("step", trainer._progress.global_step + 1, trainer.callback_metrics)
+        call_hook(trainer, "on_before_zero_grad", opt)
+        opt.zero_grad(set_to_none=True)
+        trainer._progress.global_step += 1
+        trainer._window_has_loss = False
+    return _detached(out, loss)
+
+
+def train_one_batch_manual(trainer: Trainer, batch: Any, batch_idx: int, is_last: bool) -> Any:
+    """Manual optimization: the step does its own backward and optimizer calls."""
+    return trainer._run_step("training_step", batch, batch_idx)
+
+
+def run_train_epoch(trainer: Trainer) -> None:
+    """One training epoch, with validation wherever it is due."""
+    s, progress, results = trainer.strategy, trainer._progress, trainer._train_results
+    loader = trainer._loaders.train
+    data.set_epoch(loader, progress.current_epoch)
+    trainer._results = results
+    trainer.state.stage = RunningStage.TRAINING
+    s.module.train()
+    progress.epoch_batches, progress.epoch_finished = 0, False
+    step_fn = train_one_batch if trainer._automatic else train_one_batch_manual
+    call_hook(trainer, "on_train_epoch_start")
+    for batch_idx, batch, is_last in data.iterate(loader, trainer.num_training_batches):
+        batch = s.batch_to_device(batch)
+        results.set_batch(batch)
+        if call_hook(trainer, "on_train_batch_start", batch, batch_idx) == -1:
+            break
+        outputs = step_fn(trainer, batch, batch_idx, is_last)
+        progress.epoch_batches += 1
+        progress.total_batches += 1
+        call_hook(trainer, "on_train_batch_end", outputs, batch, batch_idx)
+        trainer._log_step_metrics()
+        if trainer._val_due(batch_idx, is_last):
+            run_evaluation(trainer, RunningStage.VALIDATING)
+            trainer._results = results
+            trainer.state.stage = RunningStage.TRAINING
+        if trainer._stop_in_epoch():
+            break
+    progress.epoch_finished = True
+    trainer._train_epoch_end()
+
+
+def run_fit(trainer: Trainer) -> None:
+    """Sanity check, then epochs until a limit (max_epochs, max_steps, max_time, should_stop) is hit."""
+    if trainer._sanity_steps():
+        run_evaluation(trainer, RunningStage.SANITY_CHECKING)
+    trainer._results = trainer._train_results
+    call_hook(trainer, "on_train_start")
+    while not trainer._fit_done():
+        run_train_epoch(trainer)
+    call_hook(trainer, "on_train_end")
+
+
+_PREFIX = {RunningStage.VALIDATING: "validation", RunningStage.SANITY_CHECKING: "validation",
+           RunningStage.TESTING: "test"}
+
+
+def run_evaluation(trainer: Trainer, stage: RunningStage) -> list[dict[str, float]]:
+    """Validation, sanity check or test over every eval loader; returns one metrics dict per loader."""
+    s, prefix = trainer.strategy, _PREFIX[stage]
+    loaders, limits = trainer._eval_loaders(stage)
+    module = s.module
+    was_training = module.training
+    results = trainer._new_eval_results()
+    trainer._results, previous_stage = results, trainer.state.stage
+    trainer.state.stage = stage
+    module.eval()
+    if stage == RunningStage.SANITY_CHECKING:
+        call_hook(trainer, "on_sanity_check_start")
+    call_hook(trainer, f"on_{prefix}_start")
+    call_hook(trainer, f"on_{prefix}_epoch_start")
+    many = len(loaders) > 1
+    with torch.no_grad():
+        for dl_idx, (loader, limit) in enumerate(zip(loaders, limits, strict=True)):
+            results.key_suffix = f"/dataloader_idx_{dl_idx}" if many else ""
+            extra = (dl_idx,) if many else ()
+            for batch_idx, batch, _ in data.iterate(loader, limit):
+                batch = s.batch_to_device(batch)
+                results.set_batch(batch)
+                call_hook(trainer, f"on_{prefix}_batch_start", batch, batch_idx, *extra)
+                out = trainer._run_step(f"{prefix}_step", batch, batch_idx, *extra)
+                call_hook(trainer, f"on_{prefix}_batch_end", out, batch, batch_idx, *extra)
+    results.key_suffix = ""
+    metrics = trainer._eval_epoch_end(results, stage, prefix)
+    call_hook(trainer, f"on_{prefix}_end")
+    if stage == RunningStage.SANITY_CHECKING:
+        call_hook(trainer, "on_sanity_check_end")
+    module.train(was_training)
+    trainer.state.stage = previous_stage
+    return _split_by_loader(metrics, len(loaders))
+
+
+def _split_by_loader(metrics: Mapping[str, float], count: int) -> list[dict[str, float]]:
+    if count <= 1:
+        return [dict(metrics)] if count else []
+    out: list[dict[str, float]] = [{} for _ in range(count)]
+    for key, value in metrics.items():
+        for idx in range(count):
+            if key.endswith(f"/dataloader_idx_{idx}"):
+                out[idx][key] = value
+                break
+        else:
+            for part in out:
+                part[key] = value
+    return out
+
+
+def run_predict(trainer: Trainer, return_predictions: bool = True) -> list[Any] | None:
+    """Predict over every predict loader; returns predictions (a list per loader when several)."""
+    s = trainer.strategy
+    loaders, limits = trainer._loaders.predict, trainer._loaders.predict_limits
+    module = s.module
+    module.eval()
+    trainer.state.stage = RunningStage.PREDICTING
+    many = len(loaders) > 1
+    all_predictions: list[list[Any]] = []
+    call_hook(trainer, "on_predict_start")
+    call_hook(trainer, "on_predict_epoch_start")
+    with torch.no_grad():
+        for dl_idx, (loader, limit) in enumerate(zip(loaders, limits, strict=True)):
+            predictions: list[Any] = []
+            extra = (dl_idx,) if many else ()
+            for batch_idx, batch, _ in data.iterate(loader, limit):
+                batch = s.batch_to_device(batch)
+                call_hook(trainer, "on_predict_batch_start", batch, batch_idx, *extra)
+                out = trainer._run_step("predict_step", batch, batch_idx, *extra)
+                call_hook(trainer, "on_predict_batch_end", out, batch, batch_idx, *extra)
+                if return_predictions:
+                    predictions.append(out)
+            all_predictions.append(predictions)
+    call_hook(trainer, "on_predict_epoch_end")
+    call_hook(trainer, "on_predict_end")
+    if not return_predictions:
+        return None
+    return all_predictions if many else (all_predictions[0] if all_predictions else [])
+
+
+def has_length(loader: Iterable) -> bool:
+    return data.loader_length(loader) != float("inf")

@@ -1,0 +1,84 @@
+"""Where logged values go: `callback_metrics`, `logged_metrics`, `progress_bar_metrics` and the
+loggers. Owns the `log_every_n_steps` cadence, and reads step values lazily so that a run that logs
+every step pays no device sync until a logger or the progress bar asks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch import Tensor
+
+from trainer.results import ResultCollection, to_python
+
+
+class MetricsRouter:
+    """Merges what the running loops logged into the three user-visible dicts, and feeds loggers."""
+
+    def __init__(self, log_every_n_steps: int) -> None:
+        self.log_every_n_steps = log_every_n_steps
+        self.loggers: Sequence[Any] = ()
+        self._callback: dict[str, Tensor] = {}
+        self._logged: dict[str, Any] = {}
+        self._progress_bar: dict[str, Tensor] = {}
+        self._live: ResultCollection | None = None  # the train results whose step values are current
+
+    def reset(self) -> None:
+        self._callback.clear()
+        self._logged.clear()
+        self._progress_bar.clear()
+        self._live = None
+
+    def watch(self, results: ResultCollection | None) -> None:
+        """Step values of `results` show up in callback/progress-bar metrics until the next watch()."""
+        if self._live is not None and self._live is not results:
+            self._persist_live()
+        self._live = results
+
+    def _persist_live(self) -> None:
+        assert self._live is not None
+        self._callback.update(self._live.step_metrics("callback"))
+        self._progress_bar.update(self._live.step_metrics("prog_bar"))
+
+    # --- what users read --------------------------------------------------------------------------
+    @property
+    def callback_metrics(self) -> dict[str, Tensor]:
+        if self._live is None:
+            return dict(self._callback)
+        return {**self._callback, **self._live.step_metrics("callback")}
+
+    @property
+    def progress_bar_metrics(self) -> dict[str, float]:
+        merged = dict(self._progress_bar)
+        if self._live is not None:
+            merged.update(self._live.step_metrics("prog_bar"))
+        return to_python(merged)
+
+    @property
+    def logged_metrics(self) -> dict[str, Any]:
+        return dict(self._logged)
+
+    # --- updates from the loops -------------------------------------------------------------------
+    def step_end(self, results: ResultCollection, batches_done: int, step: int, epoch: int) -> None:
+        """After each training batch: send step values to the loggers when the cadence says so."""
+        if batches_done % self.log_every_n_steps or not self.loggers:
+            return
+        values = results.step_metrics("logger")
+        if values:
+            self._send({**to_python(values), "epoch": epoch}, step)
+
+    def epoch_end(self, computed: dict[str, dict[str, Tensor]], step: int, epoch: int | None) -> dict[str, float]:
+        """Record epoch values (from ResultCollection.epoch_end) and send them to the loggers."""
+        self._callback.update(computed["callback"])
+        self._progress_bar.update(computed["prog_bar"])
+        values = to_python(computed["logger"])
+        if values:
+            if epoch is not None:
+                values["epoch"] = epoch
+            self._send(values, step)
+        return values
+
+    def _send(self, values: dict[str, float], step: int) -> None:
+        self._logged.update(values)
+        for logger in self.loggers:
+            logger.log_metrics(values, step=step)

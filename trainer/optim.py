@@ -1,0 +1,143 @@
+"""`configure_optimizers()` → OptimizerSetup, and scheduler stepping (interval, frequency, monitor)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.optim import Optimizer
+
+from strategies.exceptions import MisconfigurationError
+
+_ACCEPTED = (
+    "an Optimizer; a list of Optimizers; a tuple (list of Optimizers, list of schedulers); "
+    "a dict {'optimizer': opt, 'lr_scheduler': sched or {'scheduler': sched, 'interval': 'epoch'|'step', "
+    "'frequency': 1, 'monitor': 'val_loss'}}; or a list of such dicts"
+)
+_SCHEDULER_KEYS = {"scheduler", "interval", "frequency", "monitor", "strict", "name"}
+
+
+@dataclass
+class SchedulerConfig:
+    """One LR scheduler and when to step it."""
+
+    scheduler: Any
+    interval: str = "epoch"
+    frequency: int = 1
+    monitor: str | None = None
+    strict: bool = True
+    name: str | None = None
+
+    @property
+    def needs_metric(self) -> bool:
+        return isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+@dataclass
+class OptimizerSetup:
+    optimizers: list[Optimizer] = field(default_factory=list)
+    schedulers: list[SchedulerConfig] = field(default_factory=list)
+
+
+def _bad(result: Any, why: str) -> MisconfigurationError:
+    return MisconfigurationError(
+        f"configure_optimizers() returned {type(result).__name__}: {why}. Accepted return values: {_ACCEPTED}."
+    )
+
+
+def _scheduler_config(value: Any, result: Any) -> SchedulerConfig:
+    if isinstance(value, Mapping):
+        unknown = set(value) - _SCHEDULER_KEYS
+        if "scheduler" not in value or unknown:
+            raise _bad(result, f"a scheduler dict needs the key 'scheduler' and only {sorted(_SCHEDULER_KEYS)}")
+        config = SchedulerConfig(**dict(value))
+    else:
+        config = SchedulerConfig(scheduler=value)
+    if not hasattr(config.scheduler, "step") or not hasattr(config.scheduler, "state_dict"):
+        raise _bad(result, f"{type(config.scheduler).__name__} is not an LR scheduler")
+    if config.interval not in ("epoch", "step"):
+        raise _bad(result, f"scheduler interval {config.interval!r} must be 'epoch' or 'step'")
+    if isinstance(config.frequency, bool) or not isinstance(config.frequency, int) or config.frequency < 1:
+        raise _bad(result, f"scheduler frequency {config.frequency!r} must be an int >= 1")
+    if config.needs_metric and not config.monitor:
+        raise _bad(result, "ReduceLROnPlateau needs a 'monitor' key naming a logged metric")
+    return config
+
+
+def _from_dict(d: Mapping, result: Any) -> OptimizerSetup:
+    if "optimizer" not in d or not isinstance(d["optimizer"], Optimizer):
+        raise _bad(result, "a dict must hold an Optimizer under 'optimizer'")
+    unknown = set(d) - {"optimizer", "lr_scheduler", "monitor"}
+    if unknown:
+        raise _bad(result, f"unknown keys {sorted(unknown)} in the optimizer dict")
+    setup = OptimizerSetup([d["optimizer"]])
+    if d.get("lr_scheduler") is not None:
+        config = _scheduler_config(d["lr_scheduler"], result)
+        if config.monitor is None and d.get("monitor"):
+            config.monitor = d["monitor"]
+        if config.needs_metric and not config.monitor:
+            raise _bad(result, "ReduceLROnPlateau needs a 'monitor' key naming a logged metric")
+        setup.schedulers.append(config)
+    return setup
+
+
+def normalize_optimizers(result: Any, *, allow_none: bool = False) -> OptimizerSetup:
+    """Turn any accepted return value of configure_optimizers() into an OptimizerSetup."""
+    if result is None:
+        if allow_none:
+            return OptimizerSetup()
+        raise _bad(result, "None is only allowed with manual optimization")
+    if isinstance(result, Optimizer):
+        return OptimizerSetup([result])
+    if isinstance(result, Mapping):
+        return _from_dict(result, result)
+    if isinstance(result, Sequence) and not isinstance(result, str):
+        items = list(result)
+        if len(items) == 2 and isinstance(items[0], Sequence) and isinstance(items[1], Sequence) and isinstance(
+            result, tuple
+        ):
+            opts, scheds = list(items[0]), list(items[1])
+            if not opts or not all(isinstance(o, Optimizer) for o in opts):
+                raise _bad(result, "the first element of the tuple must be a list of Optimizers")
+            return OptimizerSetup(opts, [_scheduler_config(s, result) for s in scheds])
+        if items and all(isinstance(o, Optimizer) for o in items):
+            return OptimizerSetup(items)
+        if items and all(isinstance(o, Mapping) for o in items):
+            setup = OptimizerSetup()
+            for d in items:
+                part = _from_dict(d, result)
+                setup.optimizers += part.optimizers
+                setup.schedulers += part.schedulers
+            return setup
+        raise _bad(result, "a list must hold only Optimizers or only optimizer dicts")
+    raise _bad(result, "unsupported type")
+
+
+class SchedulerStepper:
+    """Steps schedulers at their interval and frequency; reads monitored metrics for ReduceLROnPlateau."""
+
+    def __init__(self, configs: list[SchedulerConfig]) -> None:
+        self.configs = configs
+        self._step_configs = [c for c in configs if c.interval == "step"]
+        self._epoch_configs = [c for c in configs if c.interval == "epoch"]
+
+    def step(self, interval: str, count: int, metrics: Mapping[str, Any]) -> None:
+        """Step schedulers of `interval` that are due at `count` (optimizer steps or finished epochs)."""
+        configs = self._step_configs if interval == "step" else self._epoch_configs
+        for config in configs:
+            if count % config.frequency:
+                continue
+            if config.needs_metric:
+                value = metrics.get(config.monitor)  # type: ignore[arg-type]
+                if value is None:
+                    if config.strict:
+                        raise MisconfigurationError(
+                            f"ReduceLROnPlateau monitors {config.monitor!r}, which was not logged. "
+                            f"Logged metrics: {sorted(metrics)}. Log it with self.log or fix 'monitor'."
+                        )
+                    continue
+                config.scheduler.step(float(value))
+            else:
+                config.scheduler.step()

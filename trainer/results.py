@@ -1,0 +1,226 @@
+"""`self.log` bookkeeping: on_step/on_epoch per hook, batch-size-weighted epoch means, sync_dist,
+torchmetrics objects. Cheap on the hot path: a step value is stored as a detached tensor and only
+turned into a Python number when a logger or the progress bar reads it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from strategies.exceptions import MisconfigurationError
+
+# hook → (default on_step, default on_epoch, on_step allowed). Hooks not listed may not log.
+_STEP_HOOK = (True, False, True)
+_EVAL_HOOK = (False, True, True)
+_EPOCH_HOOK = (False, True, False)
+LOGGING_HOOKS: dict[str, tuple[bool, bool, bool]] = {
+    **dict.fromkeys(
+        ("training_step", "on_train_batch_start", "on_train_batch_end", "on_before_backward",
+         "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad"), _STEP_HOOK),
+    **dict.fromkeys(
+        ("validation_step", "test_step", "on_validation_batch_start", "on_validation_batch_end",
+         "on_test_batch_start", "on_test_batch_end"), _EVAL_HOOK),
+    **dict.fromkeys(
+        ("on_train_start", "on_train_epoch_start", "on_train_epoch_end", "on_validation_start",
+         "on_validation_epoch_start", "on_validation_epoch_end", "on_test_start", "on_test_epoch_start",
+         "on_test_epoch_end"), _EPOCH_HOOK),
+}
+_REDUCE_FX = ("mean", "sum", "max", "min")
+
+
+def _is_metric(value: Any) -> bool:
+    """A torchmetrics.Metric, detected without importing torchmetrics."""
+    return hasattr(value, "compute") and hasattr(value, "update") and hasattr(value, "reset") and not isinstance(
+        value, Tensor
+    )
+
+
+def extract_batch_size(batch: Any) -> int | None:
+    """The size of dim 0 of the first tensor found in the batch (Lightning's inference rule)."""
+    if isinstance(batch, Tensor):
+        return int(batch.shape[0]) if batch.ndim > 0 else 1
+    if isinstance(batch, Mapping):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            size = extract_batch_size(item)
+            if size is not None:
+                return size
+    return None
+
+
+@dataclass
+class _Entry:
+    """One logged key within one loop (train, validate, ...)."""
+
+    name: str
+    on_step: bool
+    on_epoch: bool
+    prog_bar: bool
+    logger: bool
+    sync_dist: bool
+    reduce_fx: str
+    step_value: Tensor | None = None
+    total: Tensor | None = None
+    weight: float = 0.0
+    metric: Any = None
+
+    def update_epoch(self, value: Tensor, batch_size: int) -> None:
+        if self.reduce_fx == "mean":
+            weighted = value * batch_size
+            self.total = weighted if self.total is None else self.total + weighted
+            self.weight += batch_size
+        elif self.reduce_fx == "sum":
+            self.total = value if self.total is None else self.total + value
+        elif self.total is None:
+            self.total = value
+        else:
+            pick = torch.maximum if self.reduce_fx == "max" else torch.minimum
+            self.total = pick(self.total, value)
+
+    def compute_epoch(self, reduce: Callable[[Tensor, str], Tensor]) -> Tensor | None:
+        if self.metric is not None:
+            value = self.metric.compute()
+            self.metric.reset()
+            return value.detach() if isinstance(value, Tensor) else torch.tensor(float(value))
+        if self.total is None:
+            return None
+        if self.reduce_fx == "mean":
+            total, weight = self.total, torch.tensor(self.weight, dtype=self.total.dtype, device=self.total.device)
+            if self.sync_dist:
+                total, weight = reduce(total, "sum"), reduce(weight, "sum")
+            return total / weight
+        return reduce(self.total, self.reduce_fx) if self.sync_dist else self.total
+
+    def step_key(self) -> str:
+        return f"{self.name}_step" if self.on_epoch else self.name
+
+    def epoch_key(self) -> str:
+        return f"{self.name}_epoch" if self.on_step else self.name
+
+
+class ResultCollection:
+    """What one loop (train, validate, test) logged. The Trainer keeps one per stage."""
+
+    def __init__(self, reduce: Callable[[Tensor, str], Tensor]) -> None:
+        self._reduce = reduce
+        self.entries: dict[str, _Entry] = {}
+        self.current_fx: str | None = None
+        self.key_suffix = ""
+        self._batch: Any = None
+        self._batch_size: int | None = None
+        self._lock = threading.Lock()  # DP runs steps in threads over shallow module replicas
+
+    def set_batch(self, batch: Any) -> None:
+        self._batch, self._batch_size = batch, None
+
+    def log(
+        self, name: str, value: Any, on_step: bool | None, on_epoch: bool | None, prog_bar: bool, logger: bool,
+        sync_dist: bool, reduce_fx: str, batch_size: int | None,
+    ) -> None:
+        fx = self.current_fx
+        rules = LOGGING_HOOKS.get(fx) if fx is not None else None
+        if rules is None:
+            where = f"in {fx!r}" if fx else "outside the Trainer's hooks"
+            raise MisconfigurationError(
+                f"self.log({name!r}) was called {where}, where logging is not supported. "
+                f"Log from training_step, validation_step, test_step or the batch/epoch hooks: {sorted(LOGGING_HOOKS)}."
+            )
+        step = rules[0] if on_step is None else on_step
+        epoch = rules[1] if on_epoch is None else on_epoch
+        if step and not rules[2]:
+            raise MisconfigurationError(
+                f"self.log({name!r}, on_step=True) is not allowed in {fx!r}: it runs once per epoch."
+            )
+        if not (step or epoch):
+            raise MisconfigurationError(f"self.log({name!r}) with on_step=False and on_epoch=False logs nothing.")
+        if reduce_fx not in _REDUCE_FX:
+            raise MisconfigurationError(f"self.log({name!r}, reduce_fx={reduce_fx!r}): use one of {_REDUCE_FX}.")
+        key = name + self.key_suffix
+        with self._lock:
+            entry = self.entries.get(key)
+            if entry is None:
+                entry = self.entries[key] = _Entry(key, step, epoch, prog_bar, logger, sync_dist, reduce_fx)
+            if _is_metric(value):
+                entry.metric = value
+                cached = getattr(value, "_forward_cache", None)
+                if step and isinstance(cached, Tensor):
+                    entry.step_value = cached.detach()
+                return
+            value = self._as_tensor(name, value)
+            if step:
+                entry.step_value = self._reduce(value, reduce_fx) if sync_dist else value
+            if epoch:
+                entry.update_epoch(value, self._infer_batch_size(name, batch_size, reduce_fx))
+
+    @staticmethod
+    def _as_tensor(name: str, value: Any) -> Tensor:
+        if isinstance(value, Tensor):
+            if value.numel() != 1:
+                raise MisconfigurationError(
+                    f"self.log({name!r}) got a tensor of shape {tuple(value.shape)}; log a scalar (one element)."
+                )
+            return value.detach().reshape(()).float() if value.dtype != torch.float32 else value.detach().reshape(())
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return torch.tensor(float(value))
+        raise MisconfigurationError(
+            f"self.log({name!r}) got {type(value).__name__}; log a number, a scalar tensor or a torchmetrics Metric."
+        )
+
+    def _infer_batch_size(self, name: str, batch_size: int | None, reduce_fx: str) -> int:
+        if batch_size is not None:
+            return int(batch_size)
+        if reduce_fx != "mean":
+            return 1
+        if self._batch_size is None:
+            self._batch_size = extract_batch_size(self._batch) or 1
+        return self._batch_size
+
+    # --- reading -------------------------------------------------------------------------------
+    def step_metrics(self, which: str) -> dict[str, Tensor]:
+        """Latest step values; `which` is 'logger', 'prog_bar' or 'callback'."""
+        out: dict[str, Tensor] = {}
+        for entry in self.entries.values():
+            if entry.step_value is None or not entry.on_step:
+                continue
+            if which == "callback" or getattr(entry, which):
+                out[entry.step_key()] = entry.step_value
+                if which == "callback" and entry.on_epoch:
+                    out[entry.name] = entry.step_value
+        return out
+
+    def epoch_end(self) -> dict[str, dict[str, Tensor]]:
+        """Compute epoch values (reduced across ranks with sync_dist) and reset the accumulators."""
+        out: dict[str, dict[str, Tensor]] = {"callback": {}, "logger": {}, "prog_bar": {}}
+        for entry in self.entries.values():
+            if not entry.on_epoch:
+                continue
+            value = entry.compute_epoch(self._reduce)
+            if value is None:
+                continue
+            key = entry.epoch_key()
+            out["callback"][key] = value
+            out["callback"][entry.name] = value
+            if entry.logger:
+                out["logger"][key] = value
+            if entry.prog_bar:
+                out["prog_bar"][key] = value
+            entry.total, entry.weight = None, 0.0
+        return out
+
+    def reset(self) -> None:
+        for entry in self.entries.values():
+            if entry.metric is not None:
+                entry.metric.reset()
+        self.entries.clear()
+
+
+def to_python(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Tensors → floats, for loggers and the progress bar (this is where a device sync happens)."""
+    return {k: float(v.item()) if isinstance(v, Tensor) else float(v) for k, v in metrics.items()}

@@ -1,0 +1,140 @@
+"""What a run is assembled from: the default callbacks and loggers, the resolved dataloaders per
+stage, and the checkpoint a run resumes from. Kept out of trainer.py so that file stays about the run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from strategies.distributed import rank_zero_info
+from strategies.exceptions import ConfigError, MisconfigurationError
+from trainer import data
+from trainer.flags import RunSpec
+from trainer.state import TrainerFn
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
+
+def build_loggers(logger: Any, spec: RunSpec) -> list[Any]:
+    """logger=True → TensorBoardLogger in default_root_dir/runs/version_N; False/None → none; or given."""
+    from trainer.loggers.base import Logger
+
+    if spec.fast_dev_run or logger is False or logger is None:
+        return []
+    if logger is True:
+        from trainer.loggers.tensorboard import TensorBoardLogger
+
+        return [TensorBoardLogger(save_dir=spec.default_root_dir, name="runs")]
+    loggers = list(logger) if isinstance(logger, (list, tuple)) else [logger]
+    for item in loggers:
+        if not isinstance(item, Logger):
+            raise ConfigError(f"logger={item!r} is not a trainer.loggers.Logger; pass True, False, a Logger or a list.")
+    return loggers
+
+
+def build_callbacks(callbacks: Any, spec: RunSpec) -> list[Any]:
+    """User callbacks plus the defaults (checkpoint, progress bar, summary); checkpoint callbacks last."""
+    from callbacks.base import Callback
+    from callbacks.checkpoint import ModelCheckpoint
+    from callbacks.model_summary import ModelSummary
+    from callbacks.progress import ProgressBar
+
+    given = list(callbacks) if isinstance(callbacks, (list, tuple)) else ([callbacks] if callbacks else [])
+    for cb in given:
+        if not isinstance(cb, Callback):
+            raise ConfigError(f"callbacks contains {cb!r}, which is not a callbacks.Callback instance.")
+    has = lambda kind: any(isinstance(cb, kind) for cb in given)  # noqa: E731
+    if has(ModelCheckpoint) and not spec.enable_checkpointing and not spec.fast_dev_run:
+        raise ConfigError("a ModelCheckpoint callback was given but enable_checkpointing=False; drop one of them.")
+    if spec.enable_checkpointing and not has(ModelCheckpoint):
+        given.append(ModelCheckpoint())
+    if spec.enable_progress_bar and not has(ProgressBar):
+        given.append(ProgressBar())
+    if spec.enable_model_summary and not has(ModelSummary):
+        given.append(ModelSummary())
+    if spec.fast_dev_run:
+        given = [cb for cb in given if not isinstance(cb, ModelCheckpoint)]
+    keys = [cb.state_key for cb in given]
+    duplicates = sorted({k for k in keys if keys.count(k) > 1})
+    if duplicates:
+        raise ConfigError(
+            f"several callbacks share the state_key(s) {duplicates}; their checkpoint states would collide."
+        )
+    return [cb for cb in given if not isinstance(cb, ModelCheckpoint)] + [
+        cb for cb in given if isinstance(cb, ModelCheckpoint)
+    ]
+
+
+@dataclass
+class StageLoaders:
+    """The dataloaders of the current run and how many batches each may yield."""
+
+    train: Any = None
+    num_train: int | float = 0
+    val: list[Any] = field(default_factory=list)
+    val_limits: list[int | float] = field(default_factory=list)
+    test: list[Any] = field(default_factory=list)
+    test_limits: list[int | float] = field(default_factory=list)
+    predict: list[Any] = field(default_factory=list)
+    predict_limits: list[int | float] = field(default_factory=list)
+
+    def resolve(self, trainer: Trainer, fn: TrainerFn, given: dict[str, Any]) -> None:
+        spec, s, module = trainer._spec, trainer.strategy, trainer.lightning_module
+        sampler_kwargs = s.distributed_sampler_kwargs if spec.use_distributed_sampler else None
+
+        def prepare(stage: str, shuffle: bool) -> tuple[list[Any], list[int | float]]:
+            loaders = data.resolve_loaders(stage, given.get(stage), trainer.datamodule, module)
+            loaders = [data.inject_sampler(dl, sampler_kwargs, shuffle) for dl in loaders]
+            limit = getattr(spec, f"limit_{stage}_batches")
+            return loaders, [data.limit_batches(stage, data.loader_length(dl), limit) for dl in loaders]
+
+        if fn == TrainerFn.FITTING:
+            train, limits = prepare("train", True)
+            if not train:
+                raise MisconfigurationError(
+                    "fit() found no training data: pass train_dataloaders, a datamodule with train_dataloader(), "
+                    "or define train_dataloader() on the module."
+                )
+            if len(train) > 1:
+                raise MisconfigurationError("fit() takes one training dataloader; combine several into one dataset.")
+            self.train, self.num_train = train[0], limits[0]
+            from trainer.hooks import _is_overridden
+            from trainer.module import TrainModule
+
+            has_val_step = _is_overridden(module, "validation_step", TrainModule)
+            self.val, self.val_limits = prepare("val", False) if has_val_step else ([], [])
+            if not any(self.val_limits):
+                self.val, self.val_limits = [], []
+        elif fn == TrainerFn.VALIDATING:
+            self.val, self.val_limits = prepare("val", False)
+            _require(self.val, "validate", "val_dataloader")
+        elif fn == TrainerFn.TESTING:
+            self.test, self.test_limits = prepare("test", False)
+            _require(self.test, "test", "test_dataloader")
+        else:
+            self.predict, self.predict_limits = prepare("predict", False)
+            _require(self.predict, "predict", "predict_dataloader")
+
+
+def _require(loaders: list[Any], fn: str, hook: str) -> None:
+    if not loaders:
+        raise MisconfigurationError(
+            f"{fn}() found no data: pass dataloaders=, a datamodule with {hook}(), or define {hook}() on the module."
+        )
+
+
+def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | Path | None) -> Path | None:
+    """"last" → the newest checkpoint a ModelCheckpoint wrote (None, with a note, when there is none)."""
+    if ckpt_path is None:
+        return None
+    if str(ckpt_path) != "last":
+        return Path(ckpt_path)
+    candidates: list[Path] = []
+    for cb in trainer.checkpoint_callbacks:
+        candidates.extend(cb.existing_checkpoints(trainer))
+    if not candidates:
+        rank_zero_info("ckpt_path='last' found no checkpoint; starting from scratch.")
+        return None
+    return max(candidates, key=lambda p: p.stat().st_mtime)

@@ -1,0 +1,92 @@
+"""When things happen in fit: validation cadence, sanity steps, and every stop condition.
+
+The loop asks ("is validation due?", "stop now?") and never computes moduli itself.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from strategies.distributed import rank_zero_info
+from trainer.flags import RunSpec
+from trainer.state import Progress
+
+
+class FitSchedule:
+    """Owns val_check_interval, check_val_every_n_epoch, max/min epochs, max_steps and max_time."""
+
+    def __init__(self, spec: RunSpec, progress: Progress) -> None:
+        self.spec = spec
+        self.progress = progress
+        self.num_training_batches: int | float = 0
+        self.has_validation = False
+        self._val_every: int | float = math.inf
+        self._deadline: float | None = None
+        self.should_stop = False
+        self._min_epochs_notice = False
+
+    def start(self, num_training_batches: int | float, has_validation: bool) -> None:
+        """Called once the train loader is known."""
+        self.num_training_batches = num_training_batches
+        self.has_validation = has_validation
+        interval = self.spec.val_check_interval
+        if isinstance(interval, float):
+            self._val_every = (
+                max(1, int(num_training_batches * interval)) if num_training_batches != math.inf else math.inf
+            )
+        else:
+            self._val_every = interval
+        if self.spec.max_time is not None:
+            self._deadline = time.monotonic() + self.spec.max_time.total_seconds()
+
+    def val_due(self, batch_idx: int, is_last: bool) -> bool:
+        """Validation runs after this training batch?"""
+        if not self.has_validation:
+            return False
+        every_n = self.spec.check_val_every_n_epoch
+        if every_n is not None and (self.progress.current_epoch + 1) % every_n:
+            return False
+        if isinstance(self.spec.val_check_interval, int) and every_n is None:
+            return self.progress.total_batches % self.spec.val_check_interval == 0
+        if self.spec.val_check_interval == 1.0 and is_last:
+            return True
+        return self._val_every != math.inf and (batch_idx + 1) % self._val_every == 0
+
+    def sanity_steps(self, val_batches: int | float) -> int | float:
+        n = self.spec.num_sanity_val_steps
+        return val_batches if n == -1 else min(n, val_batches)
+
+    def _time_up(self) -> bool:
+        return self._deadline is not None and time.monotonic() >= self._deadline
+
+    def _can_stop_early(self) -> bool:
+        if self.progress.current_epoch >= self.spec.min_epochs:
+            return True
+        if not self._min_epochs_notice:
+            rank_zero_info(
+                f"should_stop was set, but min_epochs={self.spec.min_epochs} is not reached; training continues."
+            )
+            self._min_epochs_notice = True
+        return False
+
+    def stop_in_epoch(self) -> bool:
+        """Leave the current epoch after this batch?"""
+        max_steps = self.spec.max_steps
+        if max_steps != -1 and self.progress.global_step >= max_steps:
+            return True
+        if self._time_up():
+            self.should_stop = True
+            return True
+        return self.should_stop and self._can_stop_early()
+
+    def fit_done(self) -> bool:
+        """Start no further epoch?"""
+        p, spec = self.progress, self.spec
+        if spec.max_steps != -1 and p.global_step >= spec.max_steps:
+            return True
+        if spec.max_epochs != -1 and p.current_epoch >= spec.max_epochs:
+            return True
+        if self._time_up():
+            return True
+        return self.should_stop and self._can_stop_early()

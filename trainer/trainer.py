@@ -1,0 +1,445 @@
+"""The Trainer: stores flags as a RunSpec, runs fit / validate / test / predict, exposes run state.
+
+It never asks which strategy it has: everything that differs is behind `self.strategy`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.optim import Optimizer
+
+from strategies.base import _StrategyOptimizer
+from strategies.checkpoint_io import remove_stale_temp_files
+from strategies.exceptions import ConfigError, MisconfigurationError
+from trainer import checkpoint as ckpt
+from trainer import loops
+from trainer.flags import parse_flags
+from trainer.hooks import HookDispatcher, _is_overridden, call_hook
+from trainer.metrics import MetricsRouter
+from trainer.optim import SchedulerConfig, SchedulerStepper, normalize_optimizers
+from trainer.results import ResultCollection
+from trainer.run_setup import StageLoaders, build_callbacks, build_loggers, resolve_ckpt_path
+from trainer.schedule import FitSchedule
+from trainer.seed import enable_determinism
+from trainer.state import Progress, RunningStage, TrainerFn, TrainerState, TrainerStatus
+
+
+class Trainer:
+    """Trains a TrainModule. Arguments and defaults follow PyTorch Lightning 2.x (see docs/index.md)."""
+
+    def __init__(
+        self,
+        accelerator: str = "auto",
+        devices: Any = "auto",
+        gpus: Any = None,
+        num_nodes: int = 1,
+        strategy: Any = "auto",
+        precision: Any = "32-true",
+        max_epochs: int | None = None,
+        min_epochs: int | None = None,
+        max_steps: int = -1,
+        max_time: Any = None,
+        limit_train_batches: int | float = 1.0,
+        limit_val_batches: int | float = 1.0,
+        limit_test_batches: int | float = 1.0,
+        limit_predict_batches: int | float = 1.0,
+        val_check_interval: int | float = 1.0,
+        check_val_every_n_epoch: int | None = 1,
+        num_sanity_val_steps: int = 2,
+        accumulate_grad_batches: int = 1,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str = "norm",
+        callbacks: Any = None,
+        logger: Any = True,
+        log_every_n_steps: int = 50,
+        enable_checkpointing: bool = True,
+        enable_progress_bar: bool = True,
+        enable_model_summary: bool = True,
+        default_root_dir: str | Path | None = None,
+        deterministic: bool | str = False,
+        fast_dev_run: bool | int = False,
+        use_distributed_sampler: bool = True,
+        detect_anomaly: bool = False,
+        profiler: Any = None,
+    ) -> None:
+        self._spec = spec = parse_flags(
+            accelerator=accelerator, devices=devices, gpus=gpus, num_nodes=num_nodes, strategy=strategy,
+            precision=precision, max_epochs=max_epochs, min_epochs=min_epochs, max_steps=max_steps,
+            max_time=max_time, limit_train_batches=limit_train_batches, limit_val_batches=limit_val_batches,
+            limit_test_batches=limit_test_batches, limit_predict_batches=limit_predict_batches,
+            val_check_interval=val_check_interval, check_val_every_n_epoch=check_val_every_n_epoch,
+            num_sanity_val_steps=num_sanity_val_steps, accumulate_grad_batches=accumulate_grad_batches,
+            gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm,
+            log_every_n_steps=log_every_n_steps, default_root_dir=default_root_dir, deterministic=deterministic,
+            fast_dev_run=fast_dev_run, enable_checkpointing=enable_checkpointing,
+            enable_progress_bar=enable_progress_bar, enable_model_summary=enable_model_summary,
+            use_distributed_sampler=use_distributed_sampler, detect_anomaly=detect_anomaly,
+        )
+        if profiler is not None:
+            raise ConfigError("profiler is not supported yet; pass profiler=None (use torch.profiler directly).")
+        self.strategy = spec.strategy
+        self.state = TrainerState()
+        self._progress = Progress()
+        self._schedule = FitSchedule(spec, self._progress)
+        self.loggers = build_loggers(logger, spec)
+        self.callbacks = build_callbacks(callbacks, spec)
+        self._metrics = MetricsRouter(spec.log_every_n_steps)
+        self._metrics.loggers = self.loggers
+        self._hooks = HookDispatcher(self)
+        self._train_results = ResultCollection(self.strategy.all_reduce)
+        self._results = self._train_results
+        self._module: Any = None
+        self.datamodule: Any = None
+        self.optimizers: list[Optimizer] = []
+        self.lr_scheduler_configs: list[SchedulerConfig] = []
+        self._scheduler_stepper = SchedulerStepper([])
+        self._loaders = StageLoaders()
+        self._window_has_loss = False
+        self._automatic = True
+        self._user_optimizers: list[_StrategyOptimizer] = []
+
+    # --- flags users read ---------------------------------------------------------------------------
+    max_epochs = property(lambda self: self._spec.max_epochs)
+    min_epochs = property(lambda self: self._spec.min_epochs)
+    max_steps = property(lambda self: self._spec.max_steps)
+    accumulate_grad_batches = property(lambda self: self._spec.accumulate_grad_batches)
+    gradient_clip_val = property(lambda self: self._spec.gradient_clip_val)
+    gradient_clip_algorithm = property(lambda self: self._spec.gradient_clip_algorithm)
+    check_val_every_n_epoch = property(lambda self: self._spec.check_val_every_n_epoch)
+    val_check_interval = property(lambda self: self._spec.val_check_interval)
+    log_every_n_steps = property(lambda self: self._spec.log_every_n_steps)
+    fast_dev_run = property(lambda self: self._spec.fast_dev_run)
+    default_root_dir = property(lambda self: str(self._spec.default_root_dir))
+    precision = property(lambda self: self._spec.precision)
+    num_nodes = property(lambda self: self._spec.num_nodes)
+    num_devices = property(lambda self: len(self._spec.devices))
+
+    # --- state users read ---------------------------------------------------------------------------
+    @property
+    def global_step(self) -> int:
+        return self._progress.global_step
+
+    @property
+    def current_epoch(self) -> int:
+        return self._progress.current_epoch
+
+    @property
+    def callback_metrics(self) -> dict[str, torch.Tensor]:
+        return self._metrics.callback_metrics
+
+    @property
+    def logged_metrics(self) -> dict[str, Any]:
+        return self._metrics.logged_metrics
+
+    @property
+    def progress_bar_metrics(self) -> dict[str, float]:
+        return self._metrics.progress_bar_metrics
+
+    global_rank = property(lambda self: self.strategy.global_rank)
+    local_rank = property(lambda self: self.strategy.local_rank)
+    node_rank = property(lambda self: self.strategy.node_rank)
+    world_size = property(lambda self: self.strategy.world_size)
+    is_global_zero = property(lambda self: self.strategy.is_global_zero)
+
+    @property
+    def should_stop(self) -> bool:
+        return self._schedule.should_stop
+
+    @should_stop.setter
+    def should_stop(self, value: bool) -> None:
+        self._schedule.should_stop = bool(value)
+
+    @property
+    def logger(self) -> Any:
+        return self.loggers[0] if self.loggers else None
+
+    @property
+    def log_dir(self) -> str:
+        """The first logger's versioned folder, or default_root_dir without a logger."""
+        return str(self.logger.log_dir) if self.logger is not None else self.default_root_dir
+
+    @property
+    def checkpoint_callbacks(self) -> list[Any]:
+        from callbacks.checkpoint import ModelCheckpoint
+
+        return [cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)]
+
+    @property
+    def checkpoint_callback(self) -> Any:
+        found = self.checkpoint_callbacks
+        return found[0] if found else None
+
+    @property
+    def early_stopping_callback(self) -> Any:
+        from callbacks.early_stopping import EarlyStopping
+
+        found = [cb for cb in self.callbacks if isinstance(cb, EarlyStopping)]
+        return found[0] if found else None
+
+    @property
+    def lightning_module(self) -> Any:
+        return self._module
+
+    @property
+    def _module_or_none(self) -> Any:
+        return self._module
+
+    @property
+    def num_training_batches(self) -> int | float:
+        return self._schedule.num_training_batches
+
+    @property
+    def num_val_batches(self) -> list[int | float]:
+        return list(self._loaders.val_limits)
+
+    @property
+    def sanity_checking(self) -> bool:
+        return self.state.stage == RunningStage.SANITY_CHECKING
+
+    @property
+    def training(self) -> bool:
+        return self.state.stage == RunningStage.TRAINING
+
+    @property
+    def train_dataloader(self) -> Any:
+        return self._loaders.train
+
+    # --- entry points -------------------------------------------------------------------------------
+    def fit(self, model: Any, train_dataloaders: Any = None, val_dataloaders: Any = None,
+            datamodule: Any = None, ckpt_path: str | Path | None = None) -> None:
+        """Train `model`; resume from `ckpt_path` (a path, or "last") when given."""
+        if datamodule is None and _looks_like_datamodule(train_dataloaders):
+            datamodule, train_dataloaders = train_dataloaders, None
+        self.strategy.launch(self._run, TrainerFn.FITTING, model, datamodule,
+                             {"train": train_dataloaders, "val": val_dataloaders}, ckpt_path)
+
+    def validate(self, model: Any = None, dataloaders: Any = None, ckpt_path: str | Path | None = None,
+                 datamodule: Any = None) -> list[dict[str, float]]:
+        """Run one validation epoch; returns one metrics dict per dataloader."""
+        return self.strategy.launch(self._run, TrainerFn.VALIDATING, model, datamodule, {"val": dataloaders},
+                                    ckpt_path) or []
+
+    def test(self, model: Any = None, dataloaders: Any = None, ckpt_path: str | Path | None = None,
+             datamodule: Any = None) -> list[dict[str, float]]:
+        """Run one test epoch; returns one metrics dict per dataloader."""
+        return self.strategy.launch(self._run, TrainerFn.TESTING, model, datamodule, {"test": dataloaders},
+                                    ckpt_path) or []
+
+    def predict(self, model: Any = None, dataloaders: Any = None, datamodule: Any = None,
+                return_predictions: bool = True, ckpt_path: str | Path | None = None) -> list[Any] | None:
+        """Run predict_step over the predict loader(s); returns the predictions."""
+        return self.strategy.launch(self._run, TrainerFn.PREDICTING, model, datamodule,
+                                    {"predict": dataloaders, "return_predictions": return_predictions}, ckpt_path)
+
+    def save_checkpoint(self, filepath: str | Path, weights_only: bool = False) -> None:
+        """Save a checkpoint. Call it on every rank: the strategy decides who writes."""
+        if self._module is None:
+            raise MisconfigurationError("save_checkpoint() needs a model: call it during or after fit().")
+        checkpoint = ckpt.dump_checkpoint(self)
+        if weights_only:
+            for key in ("optimizer_states", "lr_schedulers", "callbacks", "rng"):
+                checkpoint.pop(key, None)
+        self.strategy.save_checkpoint(checkpoint, filepath)
+
+    # --- the run ------------------------------------------------------------------------------------
+    def _run(self, fn: TrainerFn, model: Any, datamodule: Any, loaders: dict[str, Any],
+             ckpt_path: str | Path | None) -> Any:
+        model = self._attach(fn, model, datamodule)
+        self.state.fn, self.state.status = fn, TrainerStatus.RUNNING
+        stage = fn.value
+        try:
+            self.strategy.setup_environment()
+            enable_determinism(self._spec.deterministic)
+            if self.datamodule is not None:
+                self.datamodule.prepare_data()
+                self.datamodule.setup(stage)
+            call_hook(self, "setup", stage)
+            self._loaders.resolve(self, fn, loaders)
+            self.strategy.setup_module(model)
+            path = resolve_ckpt_path(self, ckpt_path)
+            checkpoint = ckpt.load_checkpoint_file(self, path) if path else None
+            if checkpoint is not None:
+                ckpt.restore_module(self, checkpoint, path)
+                model.on_load_checkpoint(checkpoint)
+            if fn == TrainerFn.FITTING:
+                return self._fit(model, checkpoint, path)
+            return self._evaluate_or_predict(fn, loaders)
+        except BaseException as exc:
+            self.state.status = TrainerStatus.INTERRUPTED
+            call_hook(self, "on_exception", exc)
+            if isinstance(exc, KeyboardInterrupt):
+                return None
+            raise
+        finally:
+            self._teardown(stage)
+
+    def _attach(self, fn: TrainerFn, model: Any, datamodule: Any) -> Any:
+        from trainer.module import TrainModule
+
+        if model is None:
+            model = self._module
+        if not isinstance(model, TrainModule):
+            raise MisconfigurationError(
+                f"{fn.value}() needs a TrainModule, got {type(model).__name__}. Subclass trainer.TrainModule."
+            )
+        if fn == TrainerFn.FITTING:
+            if not _is_overridden(model, "training_step", TrainModule):
+                raise MisconfigurationError(
+                    f"{type(model).__name__} must define training_step(batch, batch_idx) to fit."
+                )
+            if not _is_overridden(model, "configure_optimizers", TrainModule):
+                raise MisconfigurationError(f"{type(model).__name__} must define configure_optimizers() to fit.")
+        required = {TrainerFn.VALIDATING: "validation_step", TrainerFn.TESTING: "test_step"}.get(fn)
+        if required and not _is_overridden(model, required, TrainModule):
+            raise MisconfigurationError(
+                f"{type(model).__name__} must define {required}(batch, batch_idx) for {fn.value}()."
+            )
+        self._module, model.trainer = model, self
+        if datamodule is not None:
+            self.datamodule, datamodule.trainer = datamodule, self
+        self._automatic = bool(getattr(model, "automatic_optimization", True))
+        self._hooks.reset()
+        self._metrics.reset()
+        self._train_results.reset()
+        self._results = self._train_results
+        return model
+
+    def _fit(self, model: Any, checkpoint: dict[str, Any] | None, path: Any) -> None:
+        setup = normalize_optimizers(model.configure_optimizers(), allow_none=not self._automatic)
+        if self._automatic and len(setup.optimizers) > 1:
+            raise MisconfigurationError(
+                f"configure_optimizers() returned {len(setup.optimizers)} optimizers; automatic optimization "
+                "supports one. Set self.automatic_optimization = False and step them in training_step."
+            )
+        if not self._automatic and self.accumulate_grad_batches > 1:
+            raise ConfigError("accumulate_grad_batches > 1 is not supported with manual optimization; "
+                              "accumulate in training_step instead.")
+        self.optimizers = self.strategy.setup_optimizers(setup.optimizers)
+        self.lr_scheduler_configs = setup.schedulers
+        self._scheduler_stepper = SchedulerStepper(setup.schedulers)
+        self._user_optimizers = [
+            _StrategyOptimizer(opt, self.strategy, self._before_manual_step, self._after_manual_step)
+            for opt in self.optimizers
+        ]
+        self._progress.__init__()  # type: ignore[misc]
+        if checkpoint is not None:
+            ckpt.restore_training_state(self, checkpoint, path)
+        for cb in self.checkpoint_callbacks:
+            if cb.dirpath is not None:
+                remove_stale_temp_files(cb.dirpath)
+        self._schedule.start(self._loaders.num_train, bool(self._loaders.val))
+        self._metrics.watch(self._train_results)
+        call_hook(self, "on_fit_start")
+        with torch.autograd.set_detect_anomaly(self._spec.detect_anomaly):
+            loops.run_fit(self)
+        self.state.status = TrainerStatus.FINISHED
+        call_hook(self, "on_fit_end")
+
+    def _evaluate_or_predict(self, fn: TrainerFn, loaders: dict[str, Any]) -> Any:
+        if fn == TrainerFn.PREDICTING:
+            out = loops.run_predict(self, loaders.get("return_predictions", True))
+        else:
+            stage = RunningStage.VALIDATING if fn == TrainerFn.VALIDATING else RunningStage.TESTING
+            out = loops.run_evaluation(self, stage)
+        self.state.status = TrainerStatus.FINISHED
+        return out
+
+    def _teardown(self, stage: str) -> None:
+        try:
+            call_hook(self, "teardown", stage)
+            if self.datamodule is not None:
+                self.datamodule.teardown(stage)
+            for logger in self.loggers:
+                logger.finalize("success" if self.state.status == TrainerStatus.FINISHED else "failed")
+        finally:
+            self.strategy.teardown()
+            self.state.stage = None
+
+    # --- used by the loops --------------------------------------------------------------------------
+    def _run_step(self, name: str, *args: Any) -> Any:
+        results = self._results
+        results.current_fx = name
+        try:
+            return self.strategy.step(name, *args)
+        finally:
+            results.current_fx = None
+
+    def _clip_gradients(self, optimizer: Optimizer) -> None:
+        value = self._spec.gradient_clip_val
+        if value is None or value == 0:
+            return
+        if self._spec.gradient_clip_algorithm == "norm":
+            self.strategy.clip_gradients(optimizer, max_norm=value)
+        else:
+            self.strategy.clip_gradients(optimizer, max_value=value)
+
+    def _before_manual_step(self, optimizer: Optimizer) -> None:
+        call_hook(self, "on_before_optimizer_step", optimizer)
+
+    def _after_manual_step(self, optimizer: Optimizer, stepped: bool) -> None:
+        self._progress.global_step += 1
+
+    def _optimizers_for_user(self) -> list[Any]:
+        return self._user_optimizers if not self._automatic else self.optimizers
+
+    def _val_due(self, batch_idx: int, is_last: bool) -> bool:
+        return self._schedule.val_due(batch_idx, is_last)
+
+    def _stop_in_epoch(self) -> bool:
+        return self._schedule.stop_in_epoch()
+
+    def _fit_done(self) -> bool:
+        return self._schedule.fit_done()
+
+    def _sanity_steps(self) -> int | float:
+        if not self._loaders.val:
+            return 0
+        return self._schedule.sanity_steps(max(self._loaders.val_limits))
+
+    def _eval_loaders(self, stage: RunningStage) -> tuple[list[Any], list[int | float]]:
+        if stage == RunningStage.TESTING:
+            return self._loaders.test, self._loaders.test_limits
+        if stage == RunningStage.SANITY_CHECKING:
+            return self._loaders.val, [self._schedule.sanity_steps(n) for n in self._loaders.val_limits]
+        return self._loaders.val, self._loaders.val_limits
+
+    def _new_eval_results(self) -> ResultCollection:
+        return ResultCollection(self.strategy.all_reduce)
+
+    def _log_step_metrics(self) -> None:
+        p = self._progress
+        self._metrics.step_end(self._train_results, p.total_batches, p.global_step, p.current_epoch)
+
+    def _train_epoch_end(self) -> None:
+        results, p = self._train_results, self._progress
+        self._results = results
+        self._metrics.epoch_end(results.epoch_end(), self.global_step, p.current_epoch)
+        call_hook(self, "on_train_epoch_end")
+        self._metrics.epoch_end(results.epoch_end(), self.global_step, p.current_epoch)
+        self._scheduler_stepper.step("epoch", p.current_epoch + 1, self.callback_metrics)
+        p.current_epoch += 1
+        p.epoch_finished = False
+
+    def _eval_epoch_end(self, results: ResultCollection, stage: RunningStage, prefix: str) -> dict[str, float]:
+        if stage == RunningStage.SANITY_CHECKING:
+            call_hook(self, f"on_{prefix}_epoch_end")
+            results.reset()
+            return {}
+        computed = results.epoch_end()
+        self._metrics.epoch_end({**computed, "logger": {}}, self.global_step, None)
+        call_hook(self, f"on_{prefix}_epoch_end")
+        late = results.epoch_end()
+        merged = {k: {**computed[k], **late[k]} for k in computed}
+        epoch = self.current_epoch if self.state.fn == TrainerFn.FITTING else None
+        self._metrics.epoch_end(merged, self.global_step, epoch)
+        return {k: float(v) for k, v in merged["callback"].items()}
+
+
+def _looks_like_datamodule(obj: Any) -> bool:
+    from trainer.datamodule import DataModule
+
+    return isinstance(obj, DataModule)
+
