@@ -114,7 +114,7 @@ def restore_training_state(trainer: Trainer, checkpoint: Mapping[str, Any], path
         config.scheduler.load_state_dict(state)
     s.precision.load_state_dict(checkpoint.get("precision", {}))
     trainer._progress.load_state_dict(checkpoint.get("progress", {}))
-    if trainer._progress.epoch_finished:
+    if trainer._progress.epoch_finished or trainer._progress.epoch_batches >= trainer._loaders.num_train:
         trainer._progress.current_epoch += 1
         trainer._progress.epoch_finished = False
     trainer._progress.epoch_batches = 0
