@@ -1,0 +1,388 @@
+"""Framework overhead per training step: our Trainer against a raw torch loop (and Lightning when installed).
+
+The workload is deliberately tiny (an MLP on a 1-thread CPU) so that the per-step cost of the framework's
+Python bookkeeping is a visible fraction of the step, not drowned out by the math. Every variant runs in the
+same process, on the same data and the same DataLoader setup, in interleaved rounds with a rotated order,
+so drift in machine speed (thermal, neighbours, turbo) hits all variants alike.
+
+Per-step time: each variant records `time.perf_counter()` once per batch, after the optimizer step (raw loop:
+in the loop; Trainer and Lightning: a callback's `on_train_batch_end`). We take the intervals between
+consecutive stamps, drop the first `--warmup-steps` of each run, and report the median. The ratio to raw is
+the median over rounds of the paired ratio (variant / raw in the same round). Whole-fit wall time covers
+optimizer creation + the loop for raw, and `Trainer(...)` + `fit()` for the frameworks.
+
+    .venv/bin/python benchmarks/overhead.py            # full run (about a minute)
+    .venv/bin/python benchmarks/overhead.py --quick    # smoke run (< 60 s)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from callbacks import Callback
+from trainer import Trainer, TrainModule
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "overhead.json"
+
+# Targets are reported against, never asserted: a benchmark that fails on a noisy machine helps nobody.
+TARGETS: dict[str, float] = {"ours": 1.03, "ours_log": 1.10}
+# Lightning 2.6.6 on this workload, measured earlier (see FACTS.md); printed for context.
+LIGHTNING_REFERENCE: dict[str, float] = {"lightning": 1.52, "lightning_log": 2.05}
+
+LABELS: dict[str, str] = {
+    "raw": "raw torch loop",
+    "ours": "ours (Trainer)",
+    "ours_log": "ours + self.log every step",
+    "lightning": "Lightning",
+    "lightning_log": "Lightning + self.log every step",
+}
+
+
+@dataclass
+class Config:
+    """What one benchmark invocation runs."""
+
+    samples: int = 20_480
+    batch_size: int = 64
+    epochs: int = 2
+    rounds: int = 10
+    warmup_steps: int = 50
+    seed: int = 0
+    lr: float = 0.01
+
+
+@dataclass
+class Run:
+    """One fit of one variant: per-step timestamps and the whole-fit wall time."""
+
+    stamps: list[float]
+    fit_s: float
+
+    def steady_intervals(self, warmup_steps: int) -> list[float]:
+        """Step intervals in seconds, without the first `warmup_steps` (allocator, caches, first batches)."""
+        deltas = [b - a for a, b in zip(self.stamps, self.stamps[1:], strict=False)]
+        return deltas[warmup_steps:]
+
+
+@dataclass
+class VariantResult:
+    """Aggregated timings for one variant over all rounds."""
+
+    name: str
+    label: str
+    median_us: float
+    mean_us: float
+    round_median_us: list[float]
+    step_ratio: float
+    fit_s: float
+    fit_ratio: float
+    round_step_ratios: list[float] = field(default_factory=list)
+    target: float | None = None
+
+
+# --- workload --------------------------------------------------------------------------------------------
+def make_data(cfg: Config) -> TensorDataset:
+    """Seeded synthetic regression data: y is a fixed noisy function of x, so the loss actually goes down."""
+    gen = torch.Generator().manual_seed(cfg.seed)
+    x = torch.randn(cfg.samples, 32, generator=gen)
+    w = torch.randn(32, 1, generator=gen)
+    y = torch.tanh(x @ w) + 0.1 * torch.randn(cfg.samples, 1, generator=gen)
+    return TensorDataset(x, y)
+
+
+def make_mlp(seed: int) -> nn.Sequential:
+    """32-64-64-1 MLP, identically initialised for every variant."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+
+
+def make_loader(dataset: TensorDataset, cfg: Config) -> DataLoader:
+    """The same shuffled loader (same seeded order) for every variant."""
+    return DataLoader(
+        dataset, batch_size=cfg.batch_size, shuffle=True, generator=torch.Generator().manual_seed(cfg.seed)
+    )
+
+
+# --- variants --------------------------------------------------------------------------------------------
+def run_raw(dataset: TensorDataset, cfg: Config) -> Run:
+    """The baseline: the loop a user would write by hand, with the same per-step stamp the others pay."""
+    model, loader = make_mlp(cfg.seed), make_loader(dataset, cfg)
+    stamps: list[float] = []
+    start = time.perf_counter()
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+    model.train()
+    for _ in range(cfg.epochs):
+        for x, y in loader:
+            loss = F.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            stamps.append(time.perf_counter())
+    return Run(stamps, time.perf_counter() - start)
+
+
+class OursModule(TrainModule):
+    """The same MLP and loss as a TrainModule; `log_every_step` adds one `self.log` per step."""
+
+    def __init__(self, seed: int, lr: float, log_every_step: bool) -> None:
+        super().__init__()
+        self.net = make_mlp(seed)
+        self.lr = lr
+        self.log_every_step = log_every_step
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        loss = F.mse_loss(self.net(x), y)
+        if self.log_every_step:
+            self.log("loss", loss)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+class OursStepTimer(Callback):
+    """Stamps the end of every training batch (after the optimizer step)."""
+
+    def __init__(self) -> None:
+        self.stamps: list[float] = []
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.stamps.append(time.perf_counter())
+
+
+# Flags shared by our Trainer and Lightning's: nothing but the loop itself.
+TRAINER_FLAGS: dict[str, Any] = dict(
+    accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+    enable_model_summary=False, num_sanity_val_steps=0,
+)
+
+
+def run_ours(dataset: TensorDataset, cfg: Config, log_every_step: bool) -> Run:
+    """Our Trainer with only the timing callback."""
+    module, loader, timer = OursModule(cfg.seed, cfg.lr, log_every_step), make_loader(dataset, cfg), OursStepTimer()
+    start = time.perf_counter()
+    trainer = Trainer(max_epochs=cfg.epochs, callbacks=[timer], **TRAINER_FLAGS)
+    trainer.fit(module, train_dataloaders=loader)
+    return Run(timer.stamps, time.perf_counter() - start)
+
+
+def lightning_runner() -> Callable[[TensorDataset, Config, bool], Run] | None:
+    """A runner for Lightning, or None when `lightning` is not installed (it is the optional `.[bench]` extra)."""
+    try:
+        import lightning.pytorch as pl
+    except ImportError:
+        return None
+    for name in ("lightning.pytorch", "lightning.fabric", "pytorch_lightning", "lightning_fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)  # "GPU available: ..." banners
+
+    class LitModule(pl.LightningModule):
+        def __init__(self, seed: int, lr: float, log_every_step: bool) -> None:
+            super().__init__()
+            self.net = make_mlp(seed)
+            self.lr = lr
+            self.log_every_step = log_every_step
+
+        def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+            x, y = batch
+            loss = F.mse_loss(self.net(x), y)
+            if self.log_every_step:
+                self.log("loss", loss)
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+    class LitStepTimer(pl.Callback):
+        def __init__(self) -> None:
+            self.stamps: list[float] = []
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            self.stamps.append(time.perf_counter())
+
+    def run(dataset: TensorDataset, cfg: Config, log_every_step: bool) -> Run:
+        module, loader, timer = LitModule(cfg.seed, cfg.lr, log_every_step), make_loader(dataset, cfg), LitStepTimer()
+        start = time.perf_counter()
+        trainer = pl.Trainer(max_epochs=cfg.epochs, callbacks=[timer], **TRAINER_FLAGS)
+        trainer.fit(module, train_dataloaders=loader)
+        return Run(timer.stamps, time.perf_counter() - start)
+
+    return run
+
+
+def build_variants(with_lightning: bool) -> dict[str, Callable[[TensorDataset, Config], Run]]:
+    """Name → runner, in table order."""
+    variants: dict[str, Callable[[TensorDataset, Config], Run]] = {
+        "raw": run_raw,
+        "ours": lambda d, c: run_ours(d, c, False),
+        "ours_log": lambda d, c: run_ours(d, c, True),
+    }
+    lit = lightning_runner() if with_lightning else None
+    if lit is not None:
+        variants["lightning"] = lambda d, c: lit(d, c, False)
+        variants["lightning_log"] = lambda d, c: lit(d, c, True)
+    return variants
+
+
+# --- measurement -----------------------------------------------------------------------------------------
+def measure(cfg: Config, variants: dict[str, Callable[[TensorDataset, Config], Run]]) -> dict[str, list[Run]]:
+    """One discarded warm-up round, then `cfg.rounds` rounds; round r starts at variant r (rotated order)."""
+    dataset = make_data(cfg)
+    names = list(variants)
+    expected = cfg.epochs * -(-cfg.samples // cfg.batch_size)
+    runs: dict[str, list[Run]] = {name: [] for name in names}
+    for rnd in range(-1, cfg.rounds):
+        shift = max(rnd, 0) % len(names)
+        for name in names[shift:] + names[:shift]:
+            gc.collect()
+            run = variants[name](dataset, cfg)
+            if len(run.stamps) != expected:
+                raise RuntimeError(f"{name}: {len(run.stamps)} steps recorded, expected {expected}")
+            if rnd >= 0:
+                runs[name].append(run)
+    return runs
+
+
+def summarize(cfg: Config, runs: dict[str, list[Run]]) -> list[VariantResult]:
+    """Medians of steady-state step intervals, and ratios paired per round against the raw loop."""
+    raw_round = [statistics.median(r.steady_intervals(cfg.warmup_steps)) for r in runs["raw"]]
+    raw_fit = [r.fit_s for r in runs["raw"]]
+    out: list[VariantResult] = []
+    for name, variant_runs in runs.items():
+        pooled = [d for r in variant_runs for d in r.steady_intervals(cfg.warmup_steps)]
+        round_med = [statistics.median(r.steady_intervals(cfg.warmup_steps)) for r in variant_runs]
+        step_ratios = [v / b for v, b in zip(round_med, raw_round, strict=True)]
+        fit_ratios = [r.fit_s / b for r, b in zip(variant_runs, raw_fit, strict=True)]
+        out.append(VariantResult(
+            name=name,
+            label=LABELS[name],
+            median_us=statistics.median(pooled) * 1e6,
+            mean_us=statistics.fmean(pooled) * 1e6,
+            round_median_us=[round(m * 1e6, 1) for m in round_med],
+            step_ratio=statistics.median(step_ratios),
+            fit_s=statistics.median(r.fit_s for r in variant_runs),
+            fit_ratio=statistics.median(fit_ratios),
+            round_step_ratios=[round(x, 4) for x in step_ratios],
+            target=TARGETS.get(name),
+        ))
+    return out
+
+
+def markdown_table(results: list[VariantResult]) -> str:
+    """The table printed to stdout and pasted into docs/benchmarks.md."""
+    lines = [
+        "| variant | median µs/step | vs raw (step) | mean µs/step | fit wall s | vs raw (fit) | target |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in results:
+        if r.target is not None:
+            verdict = "met" if r.step_ratio <= r.target else "missed"
+            target = f"≤ {r.target:.2f}x ({verdict})"
+        elif r.name in LIGHTNING_REFERENCE:
+            target = f"reference {LIGHTNING_REFERENCE[r.name]:.2f}x"
+        else:
+            target = ""
+        lines.append(
+            f"| {r.label} | {r.median_us:.0f} | {r.step_ratio:.3f}x | {r.mean_us:.0f} | {r.fit_s:.3f} "
+            f"| {r.fit_ratio:.3f}x | {target} |"
+        )
+    return "\n".join(lines)
+
+
+def machine_info() -> dict[str, Any]:
+    """Enough to tell whether two result files are comparable."""
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info: dict[str, Any] = {
+        "cpu": cpu,
+        "logical_cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+    }
+    try:
+        import lightning
+
+        info["lightning"] = lightning.__version__
+    except ImportError:
+        info["lightning"] = None
+    return info
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="3 rounds on 6,400 samples (smoke test, < 60 s)")
+    parser.add_argument("--rounds", type=int, default=None, help="measured rounds (default 10, quick 3)")
+    parser.add_argument("--samples", type=int, default=None, help="synthetic samples (default 20480, quick 6400)")
+    parser.add_argument("--no-lightning", action="store_true", help="skip Lightning even when it is installed")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results file (default {DEFAULT_OUT})")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")  # Lightning's num_workers hints would otherwise flood the output
+    cfg = Config()
+    if args.quick:
+        cfg.rounds, cfg.samples = 3, 6_400
+    cfg.rounds = args.rounds if args.rounds is not None else cfg.rounds
+    cfg.samples = args.samples if args.samples is not None else cfg.samples
+
+    variants = build_variants(with_lightning=not args.no_lightning)
+    if "lightning" not in variants and not args.no_lightning:
+        print("lightning is not installed: skipping it (pip install -e '.[bench]' to include it)")
+    started = time.perf_counter()
+    runs = measure(cfg, variants)
+    results = summarize(cfg, runs)
+    elapsed = time.perf_counter() - started
+
+    table = markdown_table(results)
+    steps = cfg.epochs * -(-cfg.samples // cfg.batch_size)
+    print(f"\n{steps} steps per fit, {cfg.rounds} rounds (+1 warm-up), first {cfg.warmup_steps} steps dropped, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} thread\n")
+    print(table)
+    print(f"\nbenchmark took {elapsed:.1f} s")
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "config": asdict(cfg),
+        "machine": machine_info(),
+        "targets": TARGETS,
+        "lightning_reference": LIGHTNING_REFERENCE,
+        "results": [asdict(r) for r in results],
+        "elapsed_s": round(elapsed, 2),
+        "table": table,
+    }
+    args.out.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

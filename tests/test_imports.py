@@ -1,0 +1,44 @@
+"""Import hygiene: `import trainer` stays light, and `strategies` stays a leaf package."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+HEAVY = ("tensorboard", "omegaconf", "tqdm", "torchmetrics", "lightning")
+
+
+def _modules_after(code: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_import_trainer_loads_no_heavy_optional_dependency():
+    # torch.hub itself imports tqdm when it is installed, so we compare against a bare `import torch`.
+    result = _modules_after(
+        "import sys, json, torch\n"
+        "before = set(sys.modules)\n"
+        "import trainer, callbacks, trainer.loggers\n"
+        "from trainer import Trainer, TrainModule, DataModule, seed_everything, rank_zero_only\n"
+        "new = sorted(set(sys.modules) - before)\n"
+        "print(json.dumps({'new': new, 'all': sorted(sys.modules)}))"
+    )
+    new_heavy = [m for m in result["new"] if m.split(".")[0] in HEAVY]
+    assert new_heavy == []
+    for name in ("tensorboard", "omegaconf", "torchmetrics", "lightning"):
+        assert name not in result["all"]
+
+
+def test_strategies_is_a_leaf_package():
+    result = _modules_after(
+        "import sys, json\nimport strategies\nprint(json.dumps(sorted(sys.modules)))"
+    )
+    assert not [m for m in result if m.split(".")[0] in ("trainer", "callbacks")]
+
+
+def test_public_names_import():
+    from callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint, ProgressBar  # noqa: F401
+    from strategies import SingleDeviceStrategy, Strategy  # noqa: F401
+    from trainer import DataModule, Trainer, TrainModule, rank_zero_only, seed_everything  # noqa: F401
+    from trainer.loggers import CSVLogger, Logger, TensorBoardLogger  # noqa: F401
