@@ -47,7 +47,7 @@ def _bad(result: Any, why: str) -> MisconfigurationError:
     )
 
 
-def _scheduler_config(value: Any, result: Any) -> SchedulerConfig:
+def _scheduler_config(value: Any, result: Any, monitor: str | None = None) -> SchedulerConfig:
     if isinstance(value, Mapping):
         unknown = set(value) - _SCHEDULER_KEYS
         if "scheduler" not in value or unknown:
@@ -55,6 +55,7 @@ def _scheduler_config(value: Any, result: Any) -> SchedulerConfig:
         config = SchedulerConfig(**dict(value))
     else:
         config = SchedulerConfig(scheduler=value)
+    config.monitor = config.monitor or monitor
     if not hasattr(config.scheduler, "step") or not hasattr(config.scheduler, "state_dict"):
         raise _bad(result, f"{type(config.scheduler).__name__} is not an LR scheduler")
     if config.interval not in ("epoch", "step"):
@@ -74,12 +75,7 @@ def _from_dict(d: Mapping, result: Any) -> OptimizerSetup:
         raise _bad(result, f"unknown keys {sorted(unknown)} in the optimizer dict")
     setup = OptimizerSetup([d["optimizer"]])
     if d.get("lr_scheduler") is not None:
-        config = _scheduler_config(d["lr_scheduler"], result)
-        if config.monitor is None and d.get("monitor"):
-            config.monitor = d["monitor"]
-        if config.needs_metric and not config.monitor:
-            raise _bad(result, "ReduceLROnPlateau needs a 'monitor' key naming a logged metric")
-        setup.schedulers.append(config)
+        setup.schedulers.append(_scheduler_config(d["lr_scheduler"], result, d.get("monitor")))
     return setup
 
 

@@ -70,6 +70,8 @@ class _Entry:
     total: Tensor | None = None
     weight: float = 0.0
     metric: Any = None
+    pending: bool = False  # logged since the last epoch_end
+    alias_step: bool = False  # callback_metrics[name] shows the step value until the epoch value exists
 
     def update_epoch(self, value: Tensor, batch_size: int) -> None:
         if self.reduce_fx == "mean":
@@ -147,6 +149,8 @@ class ResultCollection:
             entry = self.entries.get(key)
             if entry is None:
                 entry = self.entries[key] = _Entry(key, step, epoch, prog_bar, logger, sync_dist, reduce_fx)
+            entry.pending = True
+            entry.alias_step = step
             if _is_metric(value):
                 entry.metric = value
                 cached = getattr(value, "_forward_cache", None)
@@ -191,7 +195,7 @@ class ResultCollection:
                 continue
             if which == "callback" or getattr(entry, which):
                 out[entry.step_key()] = entry.step_value
-                if which == "callback" and entry.on_epoch:
+                if which == "callback" and entry.on_epoch and entry.alias_step:
                     out[entry.name] = entry.step_value
         return out
 
@@ -199,8 +203,9 @@ class ResultCollection:
         """Compute epoch values (reduced across ranks with sync_dist) and reset the accumulators."""
         out: dict[str, dict[str, Tensor]] = {"callback": {}, "logger": {}, "prog_bar": {}}
         for entry in self.entries.values():
-            if not entry.on_epoch:
+            if not entry.on_epoch or not entry.pending:
                 continue
+            entry.pending = entry.alias_step = False
             value = entry.compute_epoch(self._reduce)
             if value is None:
                 continue

@@ -330,6 +330,7 @@ class Trainer:
         for cb in self.checkpoint_callbacks:
             if cb.dirpath is not None:
                 remove_stale_temp_files(cb.dirpath)
+        self._log_hyperparams(model)
         self._schedule.start(self._loaders.num_train, bool(self._loaders.val))
         self._metrics.watch(self._train_results)
         call_hook(self, "on_fit_start")
@@ -337,6 +338,14 @@ class Trainer:
             loops.run_fit(self)
         self.state.status = TrainerStatus.FINISHED
         call_hook(self, "on_fit_end")
+
+    def _log_hyperparams(self, model: Any) -> None:
+        params = dict(model.hparams)
+        if self.datamodule is not None:
+            params.update(self.datamodule.hparams)
+        if params and model._hparams_to_log:
+            for logger in self.loggers:
+                logger.log_hyperparams(params)
 
     def _evaluate_or_predict(self, fn: TrainerFn, loaders: dict[str, Any]) -> Any:
         if fn == TrainerFn.PREDICTING:
