@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import uuid
 import zipfile
 from collections.abc import Callable
@@ -85,9 +86,11 @@ def safe_load(path: str | Path, map_location: str | torch.device | None = "cpu")
     try:
         data = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
+        found = re.search(r"GLOBAL (\S+)", str(err))
+        what = f"it references {found.group(1)}, which is not allowed" if found else str(err).splitlines()[0]
         raise CheckpointLoadError(
-            f"checkpoint {path} was refused by the safe (weights-only) loader: {err}. "
-            "Only tensors and plain Python values may be stored in a checkpoint."
+            f"checkpoint {path} was refused by the safe (weights-only) loader: {what}. Only tensors and plain "
+            "Python values may be stored in a checkpoint; it is never loaded unsafely."
         ) from err
     except (RuntimeError, EOFError, IndexError, ValueError, OSError, zipfile.BadZipFile, KeyError) as err:
         raise CheckpointLoadError(

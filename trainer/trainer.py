@@ -430,7 +430,7 @@ class Trainer:
         self._metrics.epoch_end(results.epoch_end(), self.global_step, p.current_epoch)
         self._scheduler_stepper.step("epoch", p.current_epoch + 1, self.callback_metrics)
         p.current_epoch += 1
-        p.epoch_finished = False
+        p.epoch_finished, p.epoch_batches = False, 0
 
     def _eval_epoch_end(self, results: ResultCollection, stage: RunningStage, prefix: str) -> dict[str, float]:
         if stage == RunningStage.SANITY_CHECKING:

@@ -1,0 +1,141 @@
+"""Checkpoints: contents, atomic writes, safe loading with clear errors, and resuming a fit."""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from strategies.checkpoint_io import atomic_save, remove_stale_temp_files, safe_load
+from tests.helpers.boring import QUIET, BoringModel
+from trainer import Trainer, seed_everything
+from trainer.checkpoint import FORMAT_VERSION
+from trainer.exceptions import CheckpointLoadError, CheckpointSaveError
+
+
+def _fitted(tmp_path: Path, epochs: int = 1) -> tuple[Trainer, BoringModel, Path]:
+    seed_everything(0)
+    model = BoringModel()
+    trainer = Trainer(max_epochs=epochs, limit_val_batches=0, **QUIET)
+    trainer.fit(model)
+    path = tmp_path / "model.ckpt"
+    trainer.save_checkpoint(path)
+    return trainer, model, path
+
+
+def test_checkpoint_holds_the_documented_keys(tmp_path: Path):
+    _, _, path = _fitted(tmp_path)
+    checkpoint = torch.load(path, weights_only=True)
+    assert checkpoint["format_version"] == FORMAT_VERSION
+    assert {"state_dict", "optimizer_states", "lr_schedulers", "precision", "progress", "epoch", "global_step",
+            "hparams", "callbacks", "rng", "world_size"} <= set(checkpoint)
+    assert checkpoint["global_step"] == 8 and checkpoint["progress"]["current_epoch"] == 1
+
+
+def test_resume_continues_from_the_saved_epoch(tmp_path: Path):
+    trainer, model, path = _fitted(tmp_path, epochs=2)
+    resumed_model = BoringModel()
+    resumed = Trainer(max_epochs=3, limit_val_batches=0, **QUIET)
+    resumed.fit(resumed_model, ckpt_path=path)
+    assert resumed.global_step == 24 and resumed.current_epoch == 3
+
+    seed_everything(0)
+    reference = BoringModel()
+    Trainer(max_epochs=3, limit_val_batches=0, **QUIET).fit(reference)
+    for a, b in zip(reference.state_dict().values(), resumed_model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_ckpt_path_last_without_checkpoints_starts_fresh(tmp_path: Path, capsys: pytest.CaptureFixture):
+    trainer = Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=0, default_root_dir=tmp_path,
+                      **{**QUIET, "enable_checkpointing": True})
+    trainer.fit(BoringModel(), ckpt_path="last")
+    assert "found no checkpoint; starting from scratch" in capsys.readouterr().out
+    assert trainer.global_step == 2
+    again = Trainer(max_epochs=2, limit_train_batches=2, limit_val_batches=0, default_root_dir=tmp_path,
+                    **{**QUIET, "enable_checkpointing": True})
+    again.fit(BoringModel(), ckpt_path="last")
+    assert again.global_step == 4
+
+
+def test_atomic_save_keeps_the_old_file_when_the_writer_fails(tmp_path: Path):
+    path = tmp_path / "c.ckpt"
+    atomic_save({"v": 1}, path)
+
+    def broken_writer(obj: Any, handle: Any) -> None:
+        handle.write(b"partial")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(CheckpointSaveError, match=r"No space left on device, errno 28.*previous checkpoint"):
+        atomic_save({"v": 2}, path, write=broken_writer)
+    assert safe_load(path) == {"v": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["c.ckpt"]
+
+
+def test_stale_temp_files_are_removed(tmp_path: Path):
+    (tmp_path / "c.ckpt.tmp-deadbeef").write_bytes(b"junk")
+    (tmp_path / "keep.ckpt").write_bytes(b"x")
+    removed = remove_stale_temp_files(tmp_path)
+    assert [p.name for p in removed] == ["c.ckpt.tmp-deadbeef"]
+    assert os.listdir(tmp_path) == ["keep.ckpt"]
+
+
+@pytest.mark.parametrize("damage", ["empty", "one_byte", "half", "all_but_last", "random", "gzip", "text"])
+def test_damaged_files_give_a_checkpoint_load_error(tmp_path: Path, damage: str):
+    _, _, path = _fitted(tmp_path)
+    raw = path.read_bytes()
+    bad = tmp_path / "bad.ckpt"
+    bad.write_bytes({
+        "empty": b"", "one_byte": raw[:1], "half": raw[: len(raw) // 2], "all_but_last": raw[:-1],
+        "random": os.urandom(4096), "gzip": gzip.compress(raw), "text": b"hello, world\n",
+    }[damage])
+    with pytest.raises(CheckpointLoadError, match=str(bad)):
+        Trainer(max_epochs=1, **QUIET).fit(BoringModel(), ckpt_path=bad)
+
+
+def test_missing_path_and_directory_give_clear_errors(tmp_path: Path):
+    with pytest.raises(CheckpointLoadError, match=r"does not exist"):
+        safe_load(tmp_path / "nope.ckpt")
+    with pytest.raises(CheckpointLoadError, match=r"is a directory"):
+        safe_load(tmp_path)
+
+
+def test_malicious_pickle_is_refused_and_never_executed(tmp_path: Path):
+    sentinel = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self) -> Any:
+            return (os.system, (f"touch {sentinel}",))
+
+    path = tmp_path / "evil.ckpt"
+    torch.save({"format_version": 1, "payload": Evil()}, path)
+    with pytest.raises(CheckpointLoadError, match=r"refused by the safe \(weights-only\) loader: it references posix.system"):
+        safe_load(path)
+    assert not sentinel.exists()
+
+
+def test_foreign_and_newer_checkpoints_are_named(tmp_path: Path):
+    foreign = tmp_path / "lightning.ckpt"
+    torch.save({"state_dict": {}, "pytorch-lightning_version": "2.6.6"}, foreign)
+    with pytest.raises(CheckpointLoadError, match=r"no 'format_version'.*PyTorch Lightning checkpoint"):
+        Trainer(max_epochs=1, **QUIET).fit(BoringModel(), ckpt_path=foreign)
+    newer = tmp_path / "newer.ckpt"
+    torch.save({"format_version": FORMAT_VERSION + 1}, newer)
+    with pytest.raises(CheckpointLoadError, match=r"newer than this release understands"):
+        Trainer(max_epochs=1, **QUIET).fit(BoringModel(), ckpt_path=newer)
+
+
+def test_checkpoint_of_a_different_model_lists_the_mismatch(tmp_path: Path):
+    _, _, path = _fitted(tmp_path)
+
+    class Wider(BoringModel):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(32, 3)
+
+    with pytest.raises(CheckpointLoadError, match=r"(?s)does not match the model.*size mismatch for layer.weight"):
+        Trainer(max_epochs=1, **QUIET).fit(Wider(), ckpt_path=path)
