@@ -168,16 +168,16 @@ class ModelCheckpoint(Callback):
             self._save_top_k(trainer, metrics)
         if self.save_last:
             path = self.format_checkpoint_name(metrics, self.LAST_NAME)
-            trainer.save_checkpoint(path, self.save_weights_only)
             self.last_model_path = str(path)
+            trainer.save_checkpoint(path, self.save_weights_only)
 
     def _save_latest(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         if self.save_top_k == 0:
             return
         path = self.format_checkpoint_name(metrics)
-        trainer.save_checkpoint(path, self.save_weights_only)
         previous, self._latest_path = self._latest_path, str(path)
         self.best_model_path = str(path)
+        trainer.save_checkpoint(path, self.save_weights_only)
         if self.save_top_k == 1 and previous and previous != str(path):
             self._remove(trainer, previous)
         if self.verbose:
@@ -194,16 +194,18 @@ class ModelCheckpoint(Callback):
         improves = self._improves(score)
         if not trainer.strategy.reduce_boolean_decision(improves, all=True):
             return
+        # Bookkeeping first, so the checkpoint being written already records itself (as in Lightning).
         path = self.format_checkpoint_name(metrics)
-        trainer.save_checkpoint(path, self.save_weights_only)
         self.best_k_models[str(path)] = score
+        evicted = None
         if self.save_top_k != -1 and len(self.best_k_models) > self.save_top_k:
-            worst = self._worst()
-            del self.best_k_models[worst]
-            if worst != str(path):
-                self._remove(trainer, worst)
+            evicted = self._worst()
+            del self.best_k_models[evicted]
         self.best_model_path = (min if self.mode == "min" else max)(self.best_k_models, key=self.best_k_models.get)
         self.best_model_score = self.best_k_models[self.best_model_path]
+        trainer.save_checkpoint(path, self.save_weights_only)
+        if evicted is not None and evicted != str(path):
+            self._remove(trainer, evicted)
         if self.verbose:
             rank_zero_info(f"Epoch {trainer.current_epoch}: {self.monitor}={score:.5g}, saved {path}")
 

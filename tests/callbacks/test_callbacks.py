@@ -1,0 +1,99 @@
+"""EarlyStopping, LearningRateMonitor, ProgressBar and ModelSummary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from callbacks import EarlyStopping, LearningRateMonitor, ProgressBar
+from callbacks.model_summary import summarize
+from tests.helpers.boring import QUIET, BoringModel
+from tests.trainer.test_logging import MemoryLogger
+from trainer import Trainer
+from trainer.exceptions import MisconfigurationError
+
+
+class Curve(BoringModel):
+    """val_metric per epoch follows `values`."""
+
+    def __init__(self, values: list[float]) -> None:
+        super().__init__()
+        self.values = values
+
+    def validation_step(self, batch: Any, batch_idx: int) -> Any:
+        self.log("val_metric", self.values[self.current_epoch])
+
+
+@pytest.mark.parametrize(
+    ("values", "kwargs", "epochs"),
+    [
+        ([5, 4, 4, 4, 4, 1, 1, 1], {"patience": 3}, 5),  # stops after 3 checks without improvement
+        ([5, 4, 4, 4, 4, 1, 1, 1], {"patience": 3, "min_delta": 2}, 4),
+        ([5, 4, 3, 2, 1, 0, 0, 0], {"stopping_threshold": 2.5}, 4),
+        ([1, 2, 99, 2, 1, 0, 0, 0], {"divergence_threshold": 50}, 3),
+        ([1, float("nan"), 1, 1, 1, 1, 1, 1], {}, 2),
+        ([1, 2, 3, 4, 5, 6, 7, 8], {"mode": "max", "patience": 1}, 8),
+    ],
+)
+def test_early_stopping(values: list[float], kwargs: dict, epochs: int):
+    cb = EarlyStopping(monitor="val_metric", **kwargs)
+    trainer = Trainer(max_epochs=8, limit_train_batches=1, num_sanity_val_steps=0, callbacks=[cb], **QUIET)
+    trainer.fit(Curve(values))
+    assert trainer.current_epoch == epochs
+
+
+def test_early_stopping_on_train_metric_without_validation():
+    class M(BoringModel):
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            self.log("train_metric", 1.0, on_step=False, on_epoch=True)
+            return super().training_step(batch, batch_idx)
+
+    cb = EarlyStopping(monitor="train_metric", patience=2)
+    trainer = Trainer(max_epochs=10, limit_train_batches=1, limit_val_batches=0, callbacks=[cb], **QUIET)
+    trainer.fit(M())
+    assert trainer.current_epoch == 3 and trainer.early_stopping_callback is cb
+
+
+def test_early_stopping_missing_metric_is_a_clear_error():
+    with pytest.raises(MisconfigurationError, match=r"monitor='nope'\) found no such metric"):
+        Trainer(max_epochs=2, callbacks=[EarlyStopping(monitor="nope")], **QUIET).fit(BoringModel())
+
+
+def test_lr_monitor_logs_learning_rates():
+    class M(BoringModel):
+        def configure_optimizers(self) -> Any:
+            opt = torch.optim.SGD(self.parameters(), lr=1.0, momentum=0.9)
+            return [opt], [torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)]
+
+    logger = MemoryLogger()
+    cb = LearningRateMonitor(log_momentum=True)
+    Trainer(max_epochs=3, limit_train_batches=1, limit_val_batches=0, callbacks=[cb],
+            **{**QUIET, "logger": logger}).fit(M())
+    assert cb.lrs == {"lr-SGD": [1.0, 0.5, 0.25], "lr-momentum-SGD": [0.9, 0.9, 0.9]}
+    assert logger.rows[0] == (0, {"lr-SGD": 1.0, "lr-momentum-SGD": 0.9})
+
+
+def test_lr_monitor_needs_a_logger():
+    with pytest.raises(MisconfigurationError, match="LearningRateMonitor needs a logger"):
+        Trainer(max_epochs=1, callbacks=[LearningRateMonitor()], **QUIET).fit(BoringModel())
+
+
+def test_progress_bar_shows_epochs_and_prog_bar_metrics(capsys: pytest.CaptureFixture):
+    class M(BoringModel):
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            loss = super().training_step(batch, batch_idx)
+            self.log("shown", 1.25, prog_bar=True)
+            return loss
+
+    Trainer(max_epochs=2, callbacks=[ProgressBar()], **QUIET).fit(M())
+    out = capsys.readouterr().out
+    assert "Epoch 0" in out and "Epoch 1" in out and "shown=1.25" in out and "8/8" in out
+
+
+def test_model_summary_counts_parameters(capsys: pytest.CaptureFixture):
+    text = summarize(BoringModel())
+    assert "layer | Linear" in text and "66 trainable params" in text
+    Trainer(max_epochs=1, limit_train_batches=1, **{**QUIET, "enable_model_summary": True}).fit(BoringModel())
+    assert "66 total params" in capsys.readouterr().out

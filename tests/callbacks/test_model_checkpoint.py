@@ -1,0 +1,74 @@
+"""ModelCheckpoint: default location, latest-only, top-k by a monitored metric, last.ckpt, step cadence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from callbacks import ModelCheckpoint
+from tests.helpers.boring import QUIET, BoringModel
+from trainer import Trainer
+from trainer.exceptions import ConfigError, MisconfigurationError
+
+CKPT = {**QUIET, "enable_checkpointing": True}
+
+
+def _names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_default_checkpoint_keeps_the_latest_epoch(tmp_path: Path):
+    trainer = Trainer(max_epochs=3, default_root_dir=tmp_path, **CKPT)
+    trainer.fit(BoringModel())
+    assert _names(tmp_path / "checkpoints") == ["epoch=2-step=24.ckpt"]
+    assert trainer.checkpoint_callback.best_model_path == str(tmp_path / "checkpoints" / "epoch=2-step=24.ckpt")
+
+
+class Scored(BoringModel):
+    """val_score per epoch: 3, 1, 2, 0."""
+
+    def validation_step(self, batch: Any, batch_idx: int) -> Any:
+        self.log("val_score", float([3, 1, 2, 0][self.current_epoch]))
+
+
+def test_top_k_by_monitored_metric(tmp_path: Path):
+    cb = ModelCheckpoint(dirpath=tmp_path, monitor="val_score", mode="max", save_top_k=2, save_last=True,
+                         filename="{epoch}-{val_score:.1f}")
+    trainer = Trainer(max_epochs=4, num_sanity_val_steps=0, callbacks=[cb], **CKPT)
+    trainer.fit(Scored())
+    assert _names(tmp_path) == ["epoch=0-val_score=3.0.ckpt", "epoch=2-val_score=2.0.ckpt", "last.ckpt"]
+    assert cb.best_model_score == 3.0 and cb.best_model_path.endswith("epoch=0-val_score=3.0.ckpt")
+
+
+def test_every_n_train_steps(tmp_path: Path):
+    cb = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=5, save_top_k=-1)
+    Trainer(max_epochs=2, limit_val_batches=0, callbacks=[cb], **CKPT).fit(BoringModel())
+    assert _names(tmp_path) == ["epoch=0-step=5.ckpt", "epoch=1-step=10.ckpt", "epoch=1-step=15.ckpt"]
+
+
+def test_missing_monitor_names_the_logged_metrics(tmp_path: Path):
+    cb = ModelCheckpoint(dirpath=tmp_path, monitor="val_acc")
+    with pytest.raises(MisconfigurationError, match=r"monitor='val_acc'\) found no such metric.*\['val_loss'\]"):
+        Trainer(max_epochs=1, callbacks=[cb], **CKPT).fit(BoringModel())
+
+
+def test_bad_arguments():
+    with pytest.raises(ConfigError, match="mode='best'"):
+        ModelCheckpoint(mode="best")
+    with pytest.raises(ConfigError, match="save_top_k > 1\\) needs monitor"):
+        ModelCheckpoint(save_top_k=3)
+    with pytest.raises(ConfigError, match="enable_checkpointing=False"):
+        Trainer(callbacks=[ModelCheckpoint()], enable_checkpointing=False)
+
+
+def test_checkpoint_callback_state_survives_resume(tmp_path: Path):
+    cb = ModelCheckpoint(dirpath=tmp_path, monitor="val_score", mode="max", save_top_k=2)
+    Trainer(max_epochs=2, num_sanity_val_steps=0, callbacks=[cb], **CKPT).fit(Scored())
+    resumed = ModelCheckpoint(dirpath=tmp_path, monitor="val_score", mode="max", save_top_k=2)
+    Trainer(max_epochs=3, num_sanity_val_steps=0, callbacks=[resumed], **CKPT).fit(
+        Scored(), ckpt_path=cb.best_model_path
+    )
+    assert sorted(resumed.best_k_models.values()) == [2.0, 3.0]
+    assert _names(tmp_path) == ["epoch=0-step=8.ckpt", "epoch=2-step=24.ckpt"]
