@@ -1,0 +1,107 @@
+"""The strategy seam with its single-device implementation: routing, device moves, registry, flags."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from strategies import STRATEGY_REGISTRY, Precision, SingleDeviceStrategy, Strategy
+from strategies.base import _StepRouter, move_to_device
+from strategies.devices import resolve_devices
+from strategies.exceptions import ConfigError
+from strategies.precision import canonical_precision, precision_from_flag
+from tests.helpers.boring import QUIET, BoringModel
+from trainer import Trainer
+
+
+def test_steps_go_through_the_wrappers_forward():
+    calls: list[str] = []
+    strategy = SingleDeviceStrategy("cpu")
+    module = BoringModel()
+    strategy.setup_module(module)
+    assert isinstance(strategy.model, _StepRouter) and strategy.module is module
+    strategy.model.register_forward_pre_hook(lambda mod, args: calls.append(args[0]))
+    strategy.step("training_step", torch.randn(4, 32), 0)
+    strategy.step("predict_step", torch.randn(4, 32), 0)
+    assert calls == ["training_step", "predict_step"]
+
+
+def test_trainer_uses_the_router_for_every_step():
+    calls: list[str] = []
+
+    class Spy(SingleDeviceStrategy):
+        def step(self, method: str, *args: Any) -> Any:
+            calls.append(method)
+            return super().step(method, *args)
+
+    trainer = Trainer(strategy=Spy("cpu"), max_epochs=1, limit_train_batches=2, limit_val_batches=1,
+                      num_sanity_val_steps=0, **{k: v for k, v in QUIET.items() if k not in ("devices",)})
+    trainer.fit(BoringModel())
+    assert calls == ["training_step", "training_step", "validation_step"]
+
+
+def test_move_to_device_handles_nested_containers():
+    Point = namedtuple("Point", "x y")
+    batch = {"a": [torch.ones(1), (torch.zeros(1), "text")], "p": Point(torch.ones(1), 3)}
+    moved = move_to_device(batch, torch.device("cpu"))
+    assert moved["a"][1][1] == "text" and isinstance(moved["p"], Point) and moved["p"].y == 3
+    assert torch.equal(moved["a"][0], torch.ones(1))
+
+
+def test_collectives_are_identities_on_one_process():
+    s = SingleDeviceStrategy("cpu")
+    t = torch.tensor([1.0, 2.0])
+    assert torch.equal(s.all_reduce(t, "sum"), t) and s.all_gather(t).shape == (1, 2)
+    assert s.broadcast({"x": 1}) == {"x": 1}
+    assert s.reduce_boolean_decision(True) and not s.reduce_boolean_decision(False, all=False)
+    s.barrier()
+
+
+def test_registry_and_auto_resolution():
+    assert "single" in STRATEGY_REGISTRY.names()
+    trainer = Trainer(accelerator="cpu", devices=1)
+    assert isinstance(trainer.strategy, SingleDeviceStrategy) and trainer.strategy.root_device.type == "cpu"
+
+
+def test_custom_strategy_must_say_what_it_lacks():
+    class Incomplete(Strategy):
+        @property
+        def root_device(self) -> torch.device:
+            return torch.device("cpu")
+
+    with pytest.raises(NotImplementedError, match="pass an instance"):
+        Incomplete.from_flags(devices=[torch.device("cpu")], num_nodes=1, precision=Precision())
+
+
+@pytest.mark.parametrize(("flag", "name"), [(32, "32-true"), ("32", "32-true"), ("16", "16-mixed"),
+                                            ("bf16", "bf16-mixed"), (64, "64-true"), ("BF16-TRUE", "bf16-true")])
+def test_precision_alias_table(flag: Any, name: str):
+    assert canonical_precision(flag) == name
+
+
+def test_unavailable_precision_says_what_is_available():
+    assert precision_from_flag("32").name == "32-true"
+    with pytest.raises(ConfigError, match=r"precision='16-mixed' \(16-mixed\) is not available in this release"):
+        Trainer(precision="16-mixed")
+
+
+@pytest.mark.parametrize(("devices", "count"), [(1, 1), ("1", 1), ("auto", 1), ([0], 1)])
+def test_devices_parsing_on_cpu(devices: Any, count: int):
+    assert len(resolve_devices("cpu", devices)) == count
+
+
+@pytest.mark.parametrize("devices", [0, -1, "x", True, [], [-1]])
+def test_bad_devices(devices: Any):
+    with pytest.raises(ConfigError, match="devices="):
+        resolve_devices("cpu", devices)
+
+
+def test_module_moves_to_the_strategy_device():
+    strategy = SingleDeviceStrategy("cpu")
+    module = nn.Linear(2, 2)
+    strategy.setup_module(module)
+    assert next(strategy.module.parameters()).device.type == "cpu"
