@@ -13,7 +13,7 @@ from torch import Tensor
 from strategies.exceptions import MisconfigurationError
 from trainer import data
 from trainer.hooks import call_hook
-from trainer.state import RunningStage
+from trainer.state import RunningStage, TrainerFn
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -85,7 +85,7 @@ def train_one_batch_manual(trainer: Trainer, batch: Any, batch_idx: int, is_last
 
 def run_train_epoch(trainer: Trainer) -> None:
     """One training epoch, with validation wherever it is due."""
-    s, progress, results = trainer.strategy, trainer._progress, trainer._train_results
+    s, progress, results, schedule = trainer.strategy, trainer._progress, trainer._train_results, trainer._schedule
     loader = trainer._loaders.train
     data.set_epoch(loader, progress.current_epoch)
     trainer._results = results
@@ -103,24 +103,37 @@ def run_train_epoch(trainer: Trainer) -> None:
         progress.epoch_batches += 1
         progress.total_batches += 1
         call_hook(trainer, "on_train_batch_end", outputs, batch, batch_idx)
-        trainer._log_step_metrics()
-        if trainer._val_due(batch_idx, is_last):
+        trainer._metrics.step_end(results, progress.total_batches, progress.global_step, progress.current_epoch)
+        if schedule.val_due(batch_idx, is_last):
             run_evaluation(trainer, RunningStage.VALIDATING)
             trainer._results = results
             trainer.state.stage = RunningStage.TRAINING
-        if trainer._stop_in_epoch():
+        if schedule.stop_in_epoch():
             break
     progress.epoch_finished = True
-    trainer._train_epoch_end()
+    _train_epoch_end(trainer)
+
+
+def _train_epoch_end(trainer: Trainer) -> None:
+    """Epoch metrics (readable in on_train_epoch_end), the hook, late metrics, epoch schedulers."""
+    results, p, metrics = trainer._train_results, trainer._progress, trainer._metrics
+    trainer._results = results
+    metrics.epoch_end(results.epoch_end(), p.global_step, p.current_epoch)
+    call_hook(trainer, "on_train_epoch_end")
+    metrics.epoch_end(results.epoch_end(), p.global_step, p.current_epoch)
+    trainer._scheduler_stepper.step("epoch", p.current_epoch + 1, trainer.callback_metrics)
+    p.current_epoch += 1
+    p.epoch_finished, p.epoch_batches = False, 0
 
 
 def run_fit(trainer: Trainer) -> None:
     """Sanity check, then epochs until a limit (max_epochs, max_steps, max_time, should_stop) is hit."""
-    if trainer._sanity_steps():
+    val_limits = trainer._loaders.val_limits
+    if val_limits and trainer._schedule.sanity_steps(max(val_limits)):
         run_evaluation(trainer, RunningStage.SANITY_CHECKING)
     trainer._results = trainer._train_results
     call_hook(trainer, "on_train_start")
-    while not trainer._fit_done():
+    while not trainer._schedule.fit_done():
         run_train_epoch(trainer)
     call_hook(trainer, "on_train_end")
 
@@ -155,13 +168,30 @@ def run_evaluation(trainer: Trainer, stage: RunningStage) -> list[dict[str, floa
                 out = trainer._run_step(f"{prefix}_step", batch, batch_idx, *extra)
                 call_hook(trainer, f"on_{prefix}_batch_end", out, batch, batch_idx, *extra)
     results.key_suffix = ""
-    metrics = trainer._eval_epoch_end(results, stage, prefix)
+    metrics = _eval_epoch_end(trainer, results, stage, prefix)
     call_hook(trainer, f"on_{prefix}_end")
     if stage == RunningStage.SANITY_CHECKING:
         call_hook(trainer, "on_sanity_check_end")
     module.train(was_training)
     trainer.state.stage = previous_stage
     return _split_by_loader(metrics, len(loaders))
+
+
+def _eval_epoch_end(trainer: Trainer, results: Any, stage: RunningStage, prefix: str) -> dict[str, float]:
+    """Epoch metrics (readable in the epoch-end hook), the hook, late metrics; sanity checks log nothing."""
+    if stage == RunningStage.SANITY_CHECKING:
+        call_hook(trainer, f"on_{prefix}_epoch_end")
+        results.reset()
+        return {}
+    step = trainer._progress.global_step
+    computed = results.epoch_end()
+    trainer._metrics.epoch_end({**computed, "logger": {}}, step, None)
+    call_hook(trainer, f"on_{prefix}_epoch_end")
+    late = results.epoch_end()
+    merged = {k: {**computed[k], **late[k]} for k in computed}
+    epoch = trainer.current_epoch if trainer.state.fn == TrainerFn.FITTING else None
+    trainer._metrics.epoch_end(merged, step, epoch)
+    return {k: float(v) for k, v in merged["callback"].items()}
 
 
 def _split_by_loader(metrics: Mapping[str, float], count: int) -> list[dict[str, float]]:

@@ -58,6 +58,15 @@ class MetricsRouter:
     def logged_metrics(self) -> dict[str, Any]:
         return dict(self._logged)
 
+    def log_hyperparams(self, module: Any, datamodule: Any) -> None:
+        """Send the module's (and datamodule's) saved hyperparameters to every logger."""
+        params = dict(module.hparams)
+        if datamodule is not None:
+            params.update(datamodule.hparams)
+        if params and getattr(module, "_hparams_to_log", True):
+            for logger in self.loggers:
+                logger.log_hyperparams(params)
+
     # --- updates from the loops -------------------------------------------------------------------
     def step_end(self, results: ResultCollection, batches_done: int, step: int, epoch: int) -> None:
         """After each training batch: send step values to the loggers when the cadence says so."""

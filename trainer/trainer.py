@@ -330,7 +330,7 @@ class Trainer:
         for cb in self.checkpoint_callbacks:
             if cb.dirpath is not None:
                 remove_stale_temp_files(cb.dirpath)
-        self._log_hyperparams(model)
+        self._metrics.log_hyperparams(model, self.datamodule)
         self._schedule.start(self._loaders.num_train, bool(self._loaders.val))
         self._metrics.watch(self._train_results)
         call_hook(self, "on_fit_start")
@@ -338,14 +338,6 @@ class Trainer:
             loops.run_fit(self)
         self.state.status = TrainerStatus.FINISHED
         call_hook(self, "on_fit_end")
-
-    def _log_hyperparams(self, model: Any) -> None:
-        params = dict(model.hparams)
-        if self.datamodule is not None:
-            params.update(self.datamodule.hparams)
-        if params and model._hparams_to_log:
-            for logger in self.loggers:
-                logger.log_hyperparams(params)
 
     def _evaluate_or_predict(self, fn: TrainerFn, loaders: dict[str, Any]) -> Any:
         if fn == TrainerFn.PREDICTING:
@@ -394,20 +386,6 @@ class Trainer:
     def _optimizers_for_user(self) -> list[Any]:
         return self._user_optimizers if not self._automatic else self.optimizers
 
-    def _val_due(self, batch_idx: int, is_last: bool) -> bool:
-        return self._schedule.val_due(batch_idx, is_last)
-
-    def _stop_in_epoch(self) -> bool:
-        return self._schedule.stop_in_epoch()
-
-    def _fit_done(self) -> bool:
-        return self._schedule.fit_done()
-
-    def _sanity_steps(self) -> int | float:
-        if not self._loaders.val:
-            return 0
-        return self._schedule.sanity_steps(max(self._loaders.val_limits))
-
     def _eval_loaders(self, stage: RunningStage) -> tuple[list[Any], list[int | float]]:
         if stage == RunningStage.TESTING:
             return self._loaders.test, self._loaders.test_limits
@@ -417,34 +395,6 @@ class Trainer:
 
     def _new_eval_results(self) -> ResultCollection:
         return ResultCollection(self.strategy.all_reduce)
-
-    def _log_step_metrics(self) -> None:
-        p = self._progress
-        self._metrics.step_end(self._train_results, p.total_batches, p.global_step, p.current_epoch)
-
-    def _train_epoch_end(self) -> None:
-        results, p = self._train_results, self._progress
-        self._results = results
-        self._metrics.epoch_end(results.epoch_end(), self.global_step, p.current_epoch)
-        call_hook(self, "on_train_epoch_end")
-        self._metrics.epoch_end(results.epoch_end(), self.global_step, p.current_epoch)
-        self._scheduler_stepper.step("epoch", p.current_epoch + 1, self.callback_metrics)
-        p.current_epoch += 1
-        p.epoch_finished, p.epoch_batches = False, 0
-
-    def _eval_epoch_end(self, results: ResultCollection, stage: RunningStage, prefix: str) -> dict[str, float]:
-        if stage == RunningStage.SANITY_CHECKING:
-            call_hook(self, f"on_{prefix}_epoch_end")
-            results.reset()
-            return {}
-        computed = results.epoch_end()
-        self._metrics.epoch_end({**computed, "logger": {}}, self.global_step, None)
-        call_hook(self, f"on_{prefix}_epoch_end")
-        late = results.epoch_end()
-        merged = {k: {**computed[k], **late[k]} for k in computed}
-        epoch = self.current_epoch if self.state.fn == TrainerFn.FITTING else None
-        self._metrics.epoch_end(merged, self.global_step, epoch)
-        return {k: float(v) for k, v in merged["callback"].items()}
 
 
 def _looks_like_datamodule(obj: Any) -> bool:
