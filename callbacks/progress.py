@@ -52,7 +52,7 @@ class ProgressBar(Callback):
     def on_train_epoch_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
         if self._bar is not None:
             self._bar.update(self._pending)
-            self._bar.set_postfix(trainer.progress_bar_metrics, refresh=True)
+            self._bar.set_postfix(trainer.progress_bar_metrics, refresh=False)
             self._pending = 0
 
     def on_train_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
