@@ -4,12 +4,16 @@ This package is a leaf: it imports torch only, never `trainer` or `callbacks`.
 """
 
 from strategies.base import Strategy
+from strategies.ddp import DDPStrategy
 from strategies.distributed import rank_zero_only
+from strategies.dp import DataParallelStrategy
 from strategies.precision import Precision, precision_from_flag
 from strategies.registry import STRATEGY_REGISTRY
 from strategies.single_device import SingleDeviceStrategy
 
 __all__ = [
+    "DDPStrategy",
+    "DataParallelStrategy",
     "STRATEGY_REGISTRY",
     "Precision",
     "SingleDeviceStrategy",

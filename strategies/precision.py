@@ -1,14 +1,16 @@
 """The Precision object: owns autocast, input/parameter casting, backward, the optimizer step and
 the loss scaler's state, so that every strategy gets precision handling without knowing its kind.
 
-`precision_from_flag` is the one alias table for the Trainer's `precision=` flag.
+`precision_from_flag` is the one alias table for the Trainer's `precision=` flag. What each precision
+does, and why 16-mixed really runs fp16 on CPU, is in docs/precision.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -25,6 +27,7 @@ _ALIASES: dict[str | int, str] = {
     "bf16-true": "bf16-true", "16-true": "16-true",
 }
 CANONICAL_PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true")
+_DTYPES = {"16": torch.float16, "bf16": torch.bfloat16}
 
 
 def canonical_precision(flag: str | int) -> str:
@@ -37,9 +40,13 @@ def canonical_precision(flag: str | int) -> str:
 
 
 class Precision:
-    """'32-true': full float32, no autocast. Subclasses override only what differs."""
+    """'32-true': full float32, no autocast. Subclasses override only what differs.
 
-    name: ClassVar[str] = "32-true"
+    `param_dtype` is the dtype parameters are computed in (None: as stored, float32); ZeroStrategy reads it
+    to build FSDP2's MixedPrecisionPolicy.
+    """
+
+    name: str = "32-true"
     param_dtype: torch.dtype | None = None
 
     def convert_module(self, module: nn.Module) -> nn.Module:
@@ -71,16 +78,212 @@ class Precision:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Nothing to restore for full precision."""
 
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
 
-_IMPLEMENTED: dict[str, type[Precision]] = {"32-true": Precision}
+
+class MixedPrecision(Precision):
+    """'16-mixed' / 'bf16-mixed': float32 parameters, the step's math under `torch.autocast`.
+
+    fp16 has a narrow range, so 16-mixed scales the loss with a `torch.amp.GradScaler`: backward scales,
+    `unscale_gradients` unscales (once per step, however often it is asked), and `optimizer_step` returns
+    False when the scaler skipped the step because a gradient was inf/NaN. bf16 has fp32's range and needs
+    no scaler.
+
+    Example::
+
+        precision = MixedPrecision("16-mixed", device_type="cuda")
+        with precision.forward_context():
+            loss = model(x).float().pow(2).mean()
+        precision.backward(loss)
+        stepped = precision.optimizer_step(optimizer)
+    """
+
+    def __init__(self, precision: str, device_type: str, scaler: torch.amp.GradScaler | None = None) -> None:
+        if precision not in ("16-mixed", "bf16-mixed"):
+            raise ConfigError(f"MixedPrecision({precision!r}) is not valid: use '16-mixed' or 'bf16-mixed'.")
+        if not _autocast_available(device_type):
+            raise ConfigError(
+                f"precision={precision!r} needs torch.autocast on {device_type!r}, which this torch does not "
+                "provide; use precision='32-true'."
+            )
+        if scaler is not None and precision == "bf16-mixed":
+            raise ConfigError("precision='bf16-mixed' uses no GradScaler (bf16 has fp32's range); drop scaler=.")
+        self.name = precision
+        self.device_type = device_type
+        self.param_dtype = _DTYPES[precision.split("-")[0]]
+        if scaler is None and precision == "16-mixed":
+            scaler = torch.amp.GradScaler(device_type)
+        self._scaler = scaler
+        self._unscaled: set[int] = set()  # ids of optimizers unscaled since their last step
+        self._last_scale: float | None = None  # scale after the last update; saves a device sync per step
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """The loss scaler (16-mixed), or None."""
+        return self._scaler
+
+    def forward_context(self) -> AbstractContextManager:
+        # A fresh object per step: autocast state is thread-local, and DP runs steps in several threads.
+        return torch.autocast(self.device_type, dtype=self.param_dtype)
+
+    def backward(self, loss: Tensor) -> None:
+        (self._scaler.scale(loss) if self._scaler is not None else loss).backward()
+
+    def unscale_gradients(self, optimizer: Optimizer) -> None:
+        # GradScaler raises on a second unscale_ before step(); clipping and a user's call may both ask.
+        if self._scaler is None or id(optimizer) in self._unscaled:
+            return
+        self._scaler.unscale_(optimizer)
+        self._unscaled.add(id(optimizer))
+
+    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None) -> bool:
+        """scaler.step + scaler.update; the step was skipped exactly when the update lowered the scale.
+
+        NOTE: update() runs after every optimizer's step, as in Lightning. With several optimizers, run
+        backward and step for one before the next (a GAN's usual order), not one backward for all.
+        """
+        scaler = self._scaler
+        if scaler is None:
+            return super().optimizer_step(optimizer, closure)
+        try:
+            if closure is not None:
+                # GradScaler.step refuses closures: evaluate it once, then step on its (scaled) gradients.
+                closure()
+            before = self._last_scale if self._last_scale is not None else scaler.get_scale()
+            scaler.step(optimizer)  # unscales first if unscale_gradients has not
+            scaler.update()  # backs the scale off after inf/NaN gradients, grows it after a run of good steps
+        finally:
+            self._unscaled.discard(id(optimizer))
+        self._last_scale = scaler.get_scale()
+        return self._last_scale >= before
+
+    def state_dict(self) -> dict[str, Any]:
+        # GradScaler.state_dict holds floats and ints only, so torch.load(weights_only=True) reads it.
+        return {"scaler": self._scaler.state_dict()} if self._scaler is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the scaler; a checkpoint from a precision without one leaves the fresh scaler as it is."""
+        if self._scaler is not None and state_dict.get("scaler"):
+            self._scaler.load_state_dict(state_dict["scaler"])
+            self._last_scale = None
+
+    def __repr__(self) -> str:
+        return f"MixedPrecision({self.name!r}, device_type={self.device_type!r})"
 
 
-def precision_from_flag(flag: str | int) -> Precision:
-    """Build the Precision object for a `precision=` flag value."""
+class _DefaultDtype(AbstractContextManager):
+    """Sets torch's default dtype for the duration of a step, so tensors the step creates match the params.
+
+    The default dtype is process-global, not thread-local: DataParallel's worker threads enter together,
+    so the first one in saves the old dtype and the last one out restores it.
+    """
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._saved = torch.float32
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._depth == 0:
+                self._saved = torch.get_default_dtype()
+                torch.set_default_dtype(self.dtype)
+            self._depth += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._lock:
+            self._depth -= 1
+            if self._depth == 0:
+                torch.set_default_dtype(self._saved)
+
+
+def _cast_floats(data: Any, dtype: torch.dtype) -> Any:
+    """Cast floating-point tensors in (nested) lists, tuples, namedtuples and dicts; leave the rest alone."""
+    if isinstance(data, Tensor):
+        return data.to(dtype) if data.is_floating_point() else data
+    if isinstance(data, (list, tuple)):
+        cast = [_cast_floats(item, dtype) for item in data]
+        if hasattr(data, "_fields"):  # namedtuple
+            return type(data)(*cast)
+        return cast if isinstance(data, list) else tuple(cast)
+    if isinstance(data, Mapping):
+        return {key: _cast_floats(value, dtype) for key, value in data.items()}
+    return data
+
+
+class _TruePrecision(Precision):
+    """Parameters, floating-point inputs and the step's default dtype all in one dtype: no autocast, no scaler."""
+
+    def __init__(self, name: str, dtype: torch.dtype) -> None:
+        self.name = name
+        self.param_dtype = self._dtype = dtype
+        self._default_dtype = _DefaultDtype(dtype)
+
+    def convert_module(self, module: nn.Module) -> nn.Module:
+        return module.to(self._dtype)
+
+    def forward_context(self) -> AbstractContextManager:
+        return self._default_dtype
+
+    def convert_input(self, batch: Any) -> Any:
+        return _cast_floats(batch, self._dtype)
+
+
+class HalfPrecision(_TruePrecision):
+    """'bf16-true' / '16-true': parameters (and optimizer state) in bf16 or fp16; half the memory of fp32.
+
+    Example::
+
+        trainer = Trainer(precision="bf16-true")   # params, float inputs and new tensors in the step: bf16
+    """
+
+    def __init__(self, precision: str = "bf16-true") -> None:
+        if precision not in ("bf16-true", "16-true"):
+            raise ConfigError(f"HalfPrecision({precision!r}) is not valid: use 'bf16-true' or '16-true'.")
+        super().__init__(precision, _DTYPES[precision.split("-")[0]])
+
+
+class DoublePrecision(_TruePrecision):
+    """'64-true': parameters and floating-point inputs in float64, for numerics checks."""
+
+    def __init__(self) -> None:
+        super().__init__("64-true", torch.float64)
+
+
+def _autocast_available(device_type: str) -> bool:
+    try:
+        return torch.amp.is_autocast_available(device_type)
+    except RuntimeError:  # not a device type torch knows
+        return False
+
+
+_BUILDERS: dict[str, Callable[[str, str], Precision]] = {
+    "32-true": lambda name, device_type: Precision(),
+    "64-true": lambda name, device_type: DoublePrecision(),
+    "16-mixed": MixedPrecision,
+    "bf16-mixed": MixedPrecision,
+    "bf16-true": lambda name, device_type: HalfPrecision(name),
+    "16-true": lambda name, device_type: HalfPrecision(name),
+}
+
+
+def precision_from_flag(flag: str | int, device_type: str = "cpu") -> Precision:
+    """Build the Precision object for a `precision=` flag value on a device type ("cpu", "cuda", ...).
+
+    Raises:
+        ConfigError: unknown flag (the message lists the accepted ones), or a precision the device lacks.
+
+    Example::
+
+        precision_from_flag("bf16", "cuda")    # MixedPrecision('bf16-mixed', device_type='cuda')
+        precision_from_flag(64)                # DoublePrecision('64-true')
+    """
     name = canonical_precision(flag)
-    if name not in _IMPLEMENTED:
+    if name.startswith("bf16") and device_type == "cuda" and torch.cuda.is_available() \
+            and not torch.cuda.is_bf16_supported():
         raise ConfigError(
-            f"precision={flag!r} ({name}) is not available in this release; "
-            f"available: {', '.join(sorted(_IMPLEMENTED))}."
+            f"precision={flag!r} needs a GPU with bf16 support, and this one has none; use precision='16-mixed'."
         )
-    return _IMPLEMENTED[name]()
+    return _BUILDERS[name](name, device_type)

@@ -50,10 +50,12 @@ class StrategyRegistry:
 
 
 def _build_default_registry() -> StrategyRegistry:
+    from strategies.ddp import DDPStrategy
+    from strategies.dp import DataParallelStrategy
     from strategies.single_device import SingleDeviceStrategy
 
     registry = StrategyRegistry()
-    for cls in (SingleDeviceStrategy,):
+    for cls in (SingleDeviceStrategy, DDPStrategy, DataParallelStrategy):
         cls.register(registry)
     return registry
 

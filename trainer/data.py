@@ -5,13 +5,15 @@ look-ahead so the loop knows which batch is the last."""
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
 from strategies.exceptions import ConfigError, MisconfigurationError
+from trainer.seed import SEED_ENV
 
 _HOOKS = {"train": "train_dataloader", "val": "val_dataloader", "test": "test_dataloader",
           "predict": "predict_dataloader"}
@@ -44,8 +46,30 @@ def resolve_loaders(stage: str, given: Any, datamodule: Any, module: Any) -> lis
     return loaders
 
 
-def inject_sampler(loader: Iterable, sampler_kwargs: dict[str, Any] | None, shuffle_default: bool) -> Iterable:
-    """Rebuild a plain DataLoader with a DistributedSampler when the strategy asks for one."""
+class UnpaddedDistributedSampler(Sampler[int]):
+    """Evaluation sharding that counts every sample exactly once: rank r takes indices r, r+N, ...
+
+    DistributedSampler pads by repeating samples so all ranks get equal counts, which is right for
+    training (collectives every step) but biases evaluation metrics; evaluation has no per-batch
+    collectives, so uneven shards are safe.
+    """
+
+    def __init__(self, dataset: Any, num_replicas: int, rank: int) -> None:
+        self.length, self.num_replicas, self.rank = len(dataset), num_replicas, rank
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.length, self.num_replicas))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.length, self.num_replicas))
+
+
+def inject_sampler(loader: Iterable, sampler_kwargs: dict[str, Any] | None, training: bool) -> Iterable:
+    """Rebuild a plain DataLoader with a distributed sampler when the strategy asks for one.
+
+    Training keeps the loader's shuffling (DistributedSampler, seeded by seed_everything, with
+    set_epoch every epoch); evaluation and prediction shard without padding or shuffling.
+    """
     if sampler_kwargs is None or not isinstance(loader, DataLoader):
         return loader
     if isinstance(loader.dataset, IterableDataset) or isinstance(loader.sampler, DistributedSampler):
@@ -58,8 +82,13 @@ def inject_sampler(loader: Iterable, sampler_kwargs: dict[str, Any] | None, shuf
             "plain DataLoaders with the default samplers are re-built. Shard the data yourself and pass "
             "Trainer(use_distributed_sampler=False)."
         )
-    shuffle = isinstance(loader.sampler, RandomSampler) if shuffle_default else False
-    sampler = DistributedSampler(loader.dataset, shuffle=shuffle, **sampler_kwargs)
+    sampler: Sampler[int]
+    if training:
+        seed = int(os.environ.get(SEED_ENV, 0))
+        shuffle = isinstance(loader.sampler, RandomSampler)
+        sampler = DistributedSampler(loader.dataset, shuffle=shuffle, seed=seed, **sampler_kwargs)
+    else:
+        sampler = UnpaddedDistributedSampler(loader.dataset, **sampler_kwargs)
     kwargs = {name: getattr(loader, name) for name in _LOADER_ARGS if hasattr(loader, name)}
     if kwargs.get("num_workers", 0) == 0:
         kwargs.pop("prefetch_factor", None)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from strategies.base import Strategy
-from strategies.devices import resolve_accelerator, resolve_devices
+from strategies.devices import Hardware, resolve_accelerator, resolve_devices
 from strategies.exceptions import ConfigError
 from strategies.precision import canonical_precision, precision_from_flag
 from strategies.registry import STRATEGY_REGISTRY
@@ -118,11 +118,6 @@ def _resolve_strategy(strategy: Any, devices: list[torch.device], num_nodes: int
     name = strategy.strip().lower()
     if name == "auto":
         name = "single" if len(devices) * num_nodes == 1 else "ddp"
-        if name not in STRATEGY_REGISTRY:
-            raise ConfigError(
-                f"devices={len(devices)} with num_nodes={num_nodes} needs the 'ddp' strategy, which this release "
-                f"does not provide yet; available strategies: {', '.join(STRATEGY_REGISTRY.names())}."
-            )
     return STRATEGY_REGISTRY.create(name, devices, num_nodes, precision_from_flag(precision))
 
 
@@ -166,8 +161,13 @@ def parse_flags(
     enable_model_summary: bool = True,
     use_distributed_sampler: bool = True,
     detect_anomaly: bool = False,
+    hardware: Hardware | None = None,
 ) -> RunSpec:
-    """Validate and resolve Trainer flags. Raises ConfigError naming the flag and accepted values."""
+    """Validate and resolve Trainer flags. Raises ConfigError naming the flag and accepted values.
+
+    `hardware` defaults to what this machine has; tests pass another to resolve, say, 4 nodes of
+    8 GPUs on a CPU-only machine without starting anything.
+    """
     if gpus is not None:
         if accelerator not in ("auto", "gpu", "cuda"):
             raise ConfigError(
@@ -178,8 +178,9 @@ def parse_flags(
                 f"gpus={gpus!r} and devices={devices!r} were both given; gpus=N is an alias of devices=N."
             )
         accelerator, devices = "gpu", gpus
-    device_type = resolve_accelerator(accelerator)
-    device_list = resolve_devices(device_type, devices)
+    hardware = hardware or Hardware.detect()
+    device_type = resolve_accelerator(accelerator, hardware)
+    device_list = resolve_devices(device_type, devices, hardware)
     _check_int("num_nodes", num_nodes, 1)
     canonical = canonical_precision(precision)
 

@@ -89,6 +89,9 @@ class HookDispatcher:
     def reset(self) -> None:
         self._cache.clear()
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_trainer": self._trainer, "_cache": {}}  # bound closures do not pickle; rebuilt on use
+
     def targets(self, name: str) -> list[Callable[..., Any]]:
         found = self._cache.get(name)
         if found is None:

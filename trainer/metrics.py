@@ -67,6 +67,11 @@ class MetricsRouter:
             for logger in self.loggers:
                 logger.log_hyperparams(params)
 
+    def adopt(self, callback: dict[str, Tensor], logged: dict[str, Any]) -> None:
+        """Take over the metrics a rank in another process produced (ddp_spawn)."""
+        self._live = None
+        self._callback, self._logged = dict(callback), dict(logged)
+
     # --- updates from the loops -------------------------------------------------------------------
     def step_end(self, results: ResultCollection, batches_done: int, step: int, epoch: int) -> None:
         """After each training batch: send step values to the loggers when the cadence says so."""

@@ -119,6 +119,15 @@ class ResultCollection:
         self._batch_size: int | None = None
         self._lock = threading.Lock()  # DP runs steps in threads over shallow module replicas
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_lock=None, _batch=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def set_batch(self, batch: Any) -> None:
         self._batch, self._batch_size = batch, None
 

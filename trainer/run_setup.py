@@ -84,9 +84,9 @@ class StageLoaders:
         spec, s, module = trainer._spec, trainer.strategy, trainer.lightning_module
         sampler_kwargs = s.distributed_sampler_kwargs if spec.use_distributed_sampler else None
 
-        def prepare(stage: str, shuffle: bool) -> tuple[list[Any], list[int | float]]:
+        def prepare(stage: str, training: bool) -> tuple[list[Any], list[int | float]]:
             loaders = data.resolve_loaders(stage, given.get(stage), trainer.datamodule, module)
-            loaders = [data.inject_sampler(dl, sampler_kwargs, shuffle) for dl in loaders]
+            loaders = [data.inject_sampler(dl, sampler_kwargs, training) for dl in loaders]
             limit = getattr(spec, f"limit_{stage}_batches")
             return loaders, [data.limit_batches(stage, data.loader_length(dl), limit) for dl in loaders]
 

@@ -5,6 +5,7 @@ It never asks which strategy it has: everything that differs is behind `self.str
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from trainer.flags import parse_flags
 from trainer.hooks import HookDispatcher, _is_overridden, call_hook
 from trainer.metrics import MetricsRouter
 from trainer.optim import SchedulerConfig, SchedulerStepper, normalize_optimizers
+from trainer.rank_result import adopt, pack_if_child
 from trainer.results import ResultCollection
 from trainer.run_setup import StageLoaders, build_callbacks, build_loggers, resolve_ckpt_path
 from trainer.schedule import FitSchedule
@@ -100,6 +102,7 @@ class Trainer:
         self._window_has_loss = False
         self._automatic = True
         self._user_optimizers: list[_StrategyOptimizer] = []
+        self._launcher_pid = os.getpid()  # a run in another process (spawn) sends its outcome back
 
     # --- flags users read ---------------------------------------------------------------------------
     max_epochs = property(lambda self: self._spec.max_epochs)
@@ -213,25 +216,25 @@ class Trainer:
         """Train `model`; resume from `ckpt_path` (a path, or "last") when given."""
         if datamodule is None and _looks_like_datamodule(train_dataloaders):
             datamodule, train_dataloaders = train_dataloaders, None
-        self.strategy.launch(self._run, TrainerFn.FITTING, model, datamodule,
+        self._launch(TrainerFn.FITTING, model, datamodule,
                              {"train": train_dataloaders, "val": val_dataloaders}, ckpt_path)
 
     def validate(self, model: Any = None, dataloaders: Any = None, ckpt_path: str | Path | None = None,
                  datamodule: Any = None) -> list[dict[str, float]]:
         """Run one validation epoch; returns one metrics dict per dataloader."""
-        return self.strategy.launch(self._run, TrainerFn.VALIDATING, model, datamodule, {"val": dataloaders},
+        return self._launch(TrainerFn.VALIDATING, model, datamodule, {"val": dataloaders},
                                     ckpt_path) or []
 
     def test(self, model: Any = None, dataloaders: Any = None, ckpt_path: str | Path | None = None,
              datamodule: Any = None) -> list[dict[str, float]]:
         """Run one test epoch; returns one metrics dict per dataloader."""
-        return self.strategy.launch(self._run, TrainerFn.TESTING, model, datamodule, {"test": dataloaders},
+        return self._launch(TrainerFn.TESTING, model, datamodule, {"test": dataloaders},
                                     ckpt_path) or []
 
     def predict(self, model: Any = None, dataloaders: Any = None, datamodule: Any = None,
                 return_predictions: bool = True, ckpt_path: str | Path | None = None) -> list[Any] | None:
         """Run predict_step over the predict loader(s); returns the predictions."""
-        return self.strategy.launch(self._run, TrainerFn.PREDICTING, model, datamodule,
+        return self._launch(TrainerFn.PREDICTING, model, datamodule,
                                     {"predict": dataloaders, "return_predictions": return_predictions}, ckpt_path)
 
     def save_checkpoint(self, filepath: str | Path, weights_only: bool = False) -> None:
@@ -245,6 +248,15 @@ class Trainer:
         self.strategy.save_checkpoint(checkpoint, filepath)
 
     # --- the run ------------------------------------------------------------------------------------
+    def _launch(self, fn: TrainerFn, model: Any, datamodule: Any, loaders: dict[str, Any],
+                ckpt_path: str | Path | None) -> Any:
+        """Run on every rank through the strategy's launcher; adopt rank 0's outcome if it ran elsewhere."""
+        out = self.strategy.launch(self._run_rank, fn, model, datamodule, loaders, ckpt_path)
+        return adopt(self, model, out)
+
+    def _run_rank(self, *args: Any) -> Any:
+        return pack_if_child(self, self._run(*args))
+
     def _run(self, fn: TrainerFn, model: Any, datamodule: Any, loaders: dict[str, Any],
              ckpt_path: str | Path | None) -> Any:
         model = self._attach(fn, model, datamodule)
@@ -252,6 +264,7 @@ class Trainer:
         stage = fn.value
         try:
             self.strategy.setup_environment()
+            self._agree_logger_versions()
             enable_determinism(self._spec.deterministic)
             if self.datamodule is not None:
                 self.datamodule.prepare_data()
@@ -275,6 +288,12 @@ class Trainer:
             raise
         finally:
             self._teardown(stage)
+
+    def _agree_logger_versions(self) -> None:
+        """Rank 0 picks each logger's version_N; the others take it, so every rank names the same folder."""
+        for logger in self.loggers:
+            if getattr(logger, "_version", "fixed") is None:
+                logger._version = self.strategy.broadcast(logger.version if self.is_global_zero else None)
 
     def _attach(self, fn: TrainerFn, model: Any, datamodule: Any) -> Any:
         from trainer.module import TrainModule

@@ -16,7 +16,8 @@ from trainer.exceptions import ConfigError, MisconfigurationError
     ("kwargs", "match"),
     [
         ({"accelerator": "tpu"}, r"accelerator='tpu'.*Accepted values: auto, cpu, gpu, cuda, mps"),
-        ({"strategy": "ddpp"}, r"strategy='ddpp' is not a known strategy. Accepted values: 'auto', 'single'"),
+        ({"strategy": "ddpp"}, r"strategy='ddpp' is not a known strategy. Accepted values: 'auto', 'ddp', "
+                               r"'ddp_spawn', 'dp', 'single'"),
         ({"precision": "17"}, r"precision='17' is not a known precision. Accepted values: .*'32-true'"),
         ({"precision": 17}, r"precision=17 is not a known precision"),
         ({"devices": 0}, r"devices=0 is not valid: it must be an int >= 1"),
@@ -38,17 +39,22 @@ def test_bad_flags_raise_config_error_at_construction(kwargs: dict, match: str):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
 def test_gpu_without_cuda_names_what_is_missing():
-    with pytest.raises(ConfigError, match=r"accelerator='gpu' needs a CUDA GPU"):
+    needs_cuda = r"accelerator=.gpu. \(or gpus=N\) needs a CUDA GPU.*accelerator=.cpu., devices=N"
+    with pytest.raises(ConfigError, match=needs_cuda):
         Trainer(accelerator="gpu")
     with pytest.raises(ConfigError, match=r"needs a CUDA GPU"):
         Trainer(gpus=1)
 
 
-def test_multi_device_needs_a_strategy_this_release_lacks():
-    with pytest.raises(ConfigError, match=r"devices=2 with num_nodes=1 needs the 'ddp' strategy"):
-        Trainer(accelerator="cpu", devices=2)
+def test_single_strategy_refuses_several_devices():
     with pytest.raises(ConfigError, match=r"strategy='single' runs on exactly one device"):
         Trainer(accelerator="cpu", devices=2, strategy="single")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+def test_dp_without_cuda_points_at_ddp_on_cpu():
+    with pytest.raises(ConfigError, match=r"strategy='dp' .* needs CUDA GPUs.*strategy='ddp' with accelerator='cpu'"):
+        Trainer(strategy="dp")
 
 
 class NoTrainingStep(TrainModule):

@@ -1,0 +1,153 @@
+"""DDP: one process per device, `torch.nn.parallel.DistributedDataParallel` around the step router.
+
+Processes come from torchrun or SLURM (the Trainer joins that world), or from our own launchers:
+re-running the script ("ddp") or torch.multiprocessing spawn ("ddp_spawn").
+"""
+
+from __future__ import annotations
+
+import atexit
+from contextlib import AbstractContextManager, nullcontext
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from strategies import distributed
+from strategies.base import Strategy, _StepRouter
+from strategies.environment import ClusterEnvironment, detect_environment
+from strategies.exceptions import ConfigError
+from strategies.launchers import SpawnLauncher, SubprocessLauncher
+from strategies.precision import Precision
+
+T = TypeVar("T")
+_BACKENDS = ("nccl", "gloo", "mpi")
+
+
+def _destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def default_backend(device_type: str) -> str:
+    return "nccl" if device_type == "cuda" else "gloo"
+
+
+class DDPStrategy(Strategy):
+    """Data-parallel training over `len(devices) x num_nodes` processes with torch's DDP."""
+
+    def __init__(
+        self,
+        devices: list[torch.device] | None = None,
+        num_nodes: int = 1,
+        precision: Precision | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | float | None = None,
+        start_method: str = "subprocess",
+        find_unused_parameters: bool = False,
+        static_graph: bool = False,
+        **ddp_kwargs: Any,
+    ) -> None:
+        super().__init__(precision)
+        self.parallel_devices = list(devices) if devices else [torch.device("cpu")]
+        self.num_nodes = num_nodes
+        device_type = self.parallel_devices[0].type
+        backend = process_group_backend or default_backend(device_type)
+        if backend not in _BACKENDS:
+            raise ConfigError(f"process_group_backend={backend!r} is not valid: use one of {_BACKENDS}.")
+        if backend == "nccl" and device_type != "cuda":
+            raise ConfigError("process_group_backend='nccl' needs CUDA devices; use 'gloo' on CPU.")
+        if backend == "mpi" and not dist.is_mpi_available():
+            raise ConfigError("process_group_backend='mpi' needs a torch built with MPI; this one is not. Use 'gloo'.")
+        if start_method not in ("subprocess", "spawn", "fork"):
+            raise ConfigError(f"start_method={start_method!r} is not valid: use 'subprocess', 'spawn' or 'fork'.")
+        self.process_group_backend = backend
+        self.timeout = timedelta(seconds=timeout) if isinstance(timeout, (int, float)) else timeout
+        self.start_method = start_method
+        self._ddp_kwargs = {"find_unused_parameters": find_unused_parameters, "static_graph": static_graph,
+                            **ddp_kwargs}
+        self.world_size = len(self.parallel_devices) * num_nodes
+
+    @classmethod
+    def register(cls, registry: Any) -> None:
+        registry.register("ddp", cls, description="DDP, ranks started by re-running the script")
+        registry.register("ddp_spawn", cls, description="DDP, ranks started by torch.multiprocessing",
+                          start_method="spawn")
+
+    @classmethod
+    def from_flags(cls, devices: list[torch.device], num_nodes: int, precision: Precision,
+                   **kwargs: Any) -> DDPStrategy:
+        return cls(devices=devices, num_nodes=num_nodes, precision=precision, **kwargs)
+
+    # --- topology -----------------------------------------------------------------------------
+    @property
+    def root_device(self) -> torch.device:
+        return self.parallel_devices[self.local_rank]
+
+    def rank_layout(self) -> list[tuple[int, int, int]]:
+        """(global rank, node rank, local rank) of every process of the run, without starting any."""
+        per_node = len(self.parallel_devices)
+        return [(node * per_node + local, node, local) for node in range(self.num_nodes) for local in range(per_node)]
+
+    def _environment(self) -> ClusterEnvironment:
+        return detect_environment(len(self.parallel_devices), self.num_nodes)
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    def launch(self, fn: Any, *args: Any) -> Any:
+        env = self._environment()
+        if env.external:
+            return fn(*args)
+        per_node = len(self.parallel_devices)
+        if self.start_method == "subprocess":
+            return SubprocessLauncher(per_node).launch(fn, *args, env=env)
+        return SpawnLauncher(per_node, self.start_method).launch(fn, *args, env=env)
+
+    def setup_environment(self) -> None:
+        env = self._environment()
+        if not env.external:
+            raise RuntimeError("DDPStrategy.setup_environment() runs inside launched ranks; call fit() instead.")
+        self.global_rank, self.local_rank, self.node_rank = env.global_rank, env.local_rank, env.node_rank
+        self.world_size = env.world_size
+        super().setup_environment()
+        if self.root_device.type == "cuda":
+            torch.cuda.set_device(self.root_device)
+        if not dist.is_initialized():
+            kwargs: dict[str, Any] = {"timeout": self.timeout} if self.timeout is not None else {}
+            port = env.master_port
+            if port is None:
+                raise ConfigError("MASTER_PORT is not set for this rank; set it, or let the Trainer launch the ranks.")
+            dist.init_process_group(self.process_group_backend, init_method=f"tcp://{env.master_addr}:{port}",
+                                    rank=env.global_rank, world_size=env.world_size, **kwargs)
+            # Kept for later validate()/test() calls in the same script: re-creating it on the same
+            # port races with ranks still leaving the old one. Destroyed when the process exits.
+            atexit.register(_destroy_process_group)
+        elif dist.get_world_size() != env.world_size:
+            raise ConfigError(
+                f"a process group of {dist.get_world_size()} ranks is already running, but this run needs "
+                f"{env.world_size}; destroy it first (torch.distributed.destroy_process_group())."
+            )
+
+    def _wrap(self, router: _StepRouter) -> torch.nn.Module:
+        device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
+        return DistributedDataParallel(router, device_ids=device_ids, **self._ddp_kwargs)
+
+
+    # --- the step -----------------------------------------------------------------------------
+    def no_backward_sync(self, enabled: bool) -> AbstractContextManager:
+        model = self._model
+        if enabled and isinstance(model, DistributedDataParallel):
+            return model.no_sync()
+        return nullcontext()
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
+
+    def barrier(self, name: str | None = None) -> None:
+        distributed.barrier()
+
+    def __repr__(self) -> str:
+        return (f"DDPStrategy(devices={len(self.parallel_devices)}, num_nodes={self.num_nodes}, "
+                f"backend={self.process_group_backend!r}, start_method={self.start_method!r})")

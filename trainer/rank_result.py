@@ -1,0 +1,64 @@
+"""Bringing a run's outcome back to the launching process when the ranks ran elsewhere (ddp_spawn).
+
+With spawn, the Trainer and model the user holds are copies that never trained; rank 0 sends back
+the return value, the weights, the loop progress, the metrics and the callback states, and the
+launching process adopts them, so `model` and `trainer` look the same as after an in-process fit.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
+
+@dataclass
+class RankZeroResult:
+    result: Any
+    module_state: dict[str, torch.Tensor]
+    progress: dict[str, Any]
+    callback_metrics: dict[str, torch.Tensor]
+    logged_metrics: dict[str, Any]
+    callback_states: dict[str, dict[str, Any]] = field(default_factory=dict)
+    status: str = "finished"
+
+
+def pack_if_child(trainer: Trainer, result: Any) -> Any:
+    """In the launching process: the plain result. In a spawned rank: a RankZeroResult (or None off rank 0)."""
+    if os.getpid() == trainer._launcher_pid:
+        return result
+    if not trainer.is_global_zero:
+        return None
+    module = trainer.lightning_module
+    return RankZeroResult(
+        result=result,
+        module_state={k: v.detach().cpu() for k, v in module.state_dict().items()} if module is not None else {},
+        progress=trainer._progress.state_dict(),
+        callback_metrics={k: v.detach().cpu() for k, v in trainer.callback_metrics.items()},
+        logged_metrics=trainer.logged_metrics,
+        callback_states={cb.state_key: cb.state_dict() for cb in trainer.callbacks},
+        status=trainer.state.status.value,
+    )
+
+
+def adopt(trainer: Trainer, model: Any, out: Any) -> Any:
+    """In the launching process: take over what rank 0 sent back; return the run's result."""
+    if not isinstance(out, RankZeroResult):
+        return out
+    from trainer.state import TrainerStatus
+
+    if model is not None:
+        model.load_state_dict(out.module_state)
+        trainer._module, model.trainer = model, trainer
+    trainer._progress.load_state_dict(out.progress)
+    trainer._metrics.adopt(out.callback_metrics, out.logged_metrics)
+    for cb in trainer.callbacks:
+        if cb.state_key in out.callback_states:
+            cb.load_state_dict(out.callback_states[cb.state_key])
+    trainer.state.status = TrainerStatus(out.status)
+    return out.result
