@@ -1,0 +1,65 @@
+"""Sampler injection rules, limits and batch iteration, tested without starting any process."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
+
+from tests.helpers.boring import RandomDataset
+from trainer import data
+from trainer.exceptions import ConfigError
+
+KW = {"num_replicas": 2, "rank": 1}
+
+
+def test_training_loader_gets_a_distributed_sampler_keeping_shuffle_and_drop_last():
+    loader = DataLoader(RandomDataset(32, 10), batch_size=3, shuffle=True, drop_last=True)
+    new = data.inject_sampler(loader, KW, training=True)
+    assert isinstance(new.sampler, DistributedSampler) and new.sampler.shuffle and new.drop_last
+    assert (new.sampler.num_replicas, new.sampler.rank, new.batch_size) == (2, 1, 3)
+    assert len(new) == 1  # 5 samples on this rank, batches of 3, last one dropped
+
+
+def test_evaluation_loader_is_sharded_without_padding():
+    loader = DataLoader(RandomDataset(32, 7), batch_size=2)
+    shards = [list(data.inject_sampler(loader, {"num_replicas": 2, "rank": r}, training=False).sampler)
+              for r in range(2)]
+    assert shards == [[0, 2, 4, 6], [1, 3, 5]]
+
+
+def test_no_injection_when_the_strategy_does_not_ask():
+    loader = DataLoader(RandomDataset(32, 7), batch_size=2)
+    assert data.inject_sampler(loader, None, training=True) is loader
+
+
+class MyLoader(DataLoader):
+    pass
+
+
+class MySampler(SequentialSampler):
+    pass
+
+
+@pytest.mark.parametrize("make", [
+    lambda ds: MyLoader(ds, batch_size=2),
+    lambda ds: DataLoader(ds, batch_size=2, sampler=MySampler(ds)),
+])
+def test_custom_loaders_and_samplers_point_at_use_distributed_sampler(make):  # noqa: ANN001
+    with pytest.raises(ConfigError, match=r"use_distributed_sampler=False"):
+        data.inject_sampler(make(RandomDataset(32, 8)), KW, training=True)
+
+
+def test_limits_and_lengths():
+    assert data.limit_batches("train", 10, 0.25) == 2
+    assert data.limit_batches("train", 10, 3) == 3
+    assert data.limit_batches("train", math.inf, 1.0) == math.inf
+    with pytest.raises(ConfigError, match=r"limit_val_batches=0.5 is a fraction, but the val loader has no length"):
+        data.limit_batches("val", math.inf, 0.5)
+
+
+def test_iterate_marks_the_last_batch_with_and_without_a_length():
+    assert [(i, last) for i, _, last in data.iterate(range(4), 4)] == [(0, False), (1, False), (2, False), (3, True)]
+    assert [(i, last) for i, _, last in data.iterate(iter(range(3)), math.inf)] == [(0, False), (1, False), (2, True)]
+    assert [i for i, _, _ in data.iterate(range(10), 2)] == [0, 1]
