@@ -211,6 +211,10 @@ class Strategy(ABC):
     def all_gather(self, tensor: Tensor) -> Tensor:
         return distributed.all_gather(tensor)
 
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's picklable `obj`, indexed by rank (per-rank RNG and loop state in checkpoints)."""
+        return distributed.all_gather_object(obj)
+
     def broadcast(self, obj: T, src: int = 0) -> T:
         return distributed.broadcast_object(obj, src)
 

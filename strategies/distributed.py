@@ -89,6 +89,15 @@ def all_gather(tensor: torch.Tensor) -> torch.Tensor:
     return torch.stack(parts)
 
 
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's `obj`, indexed by rank. Without a process group: `[obj]`."""
+    if not is_distributed():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     """Send a picklable object from `src` to every rank. Identity without a process group."""
     if not is_distributed():

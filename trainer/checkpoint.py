@@ -11,7 +11,7 @@ import torch
 
 from strategies.checkpoint_io import safe_load
 from strategies.exceptions import CheckpointLoadError, CheckpointSaveError
-from trainer.seed import capture_rng_state, restore_rng_state
+from trainer.resume import capture_loop_state, plan_resume
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -46,6 +46,7 @@ def dump_checkpoint(trainer: Trainer) -> dict[str, Any]:
     """Build the checkpoint dict. Collective: call on every rank."""
     s = trainer.strategy
     module = s.module
+    per_rank = s.all_gather_object(capture_loop_state(trainer))
     checkpoint: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "state_dict": s.module_state_dict(),
@@ -57,7 +58,9 @@ def dump_checkpoint(trainer: Trainer) -> dict[str, Any]:
         "global_step": trainer.global_step,
         "hparams": dict(getattr(module, "hparams", {})),
         "callbacks": {cb.state_key: cb.state_dict() for cb in trainer.callbacks if cb.state_dict()},
-        "rng": capture_rng_state(),
+        "metrics": trainer._metrics.state_dict(),
+        "rng": [state.pop("rng") for state in per_rank],
+        "loops": per_rank,
         "world_size": s.world_size,
     }
     datamodule = trainer.datamodule
@@ -113,19 +116,23 @@ def restore_training_state(trainer: Trainer, checkpoint: Mapping[str, Any], path
     for config, state in zip(trainer.lr_scheduler_configs, checkpoint.get("lr_schedulers", []), strict=False):
         config.scheduler.load_state_dict(state)
     s.precision.load_state_dict(checkpoint.get("precision", {}))
-    trainer._progress.load_state_dict(checkpoint.get("progress", {}))
-    if trainer._progress.epoch_finished or trainer._progress.epoch_batches >= trainer._loaders.num_train:
-        trainer._progress.current_epoch += 1
-        trainer._progress.epoch_finished = False
-    trainer._progress.epoch_batches = 0
+    trainer._metrics.load_state_dict(checkpoint.get("metrics", {}))
+    progress = trainer._progress
+    progress.load_state_dict(checkpoint.get("progress", {}))
+    rng, loops = checkpoint.get("rng", []), checkpoint.get("loops", [])
+    per_rank = [{**loop, "rng": state} for loop, state in zip(loops, rng, strict=True)] if loops else [
+        {"rng": state} for state in rng]
+    trainer._resume_point = plan_resume(trainer, per_rank, path) if per_rank else None
+    if progress.epoch_finished:  # saved in on_train_epoch_end: finish that epoch's bookkeeping
+        trainer._scheduler_stepper.step("epoch", progress.current_epoch + 1, trainer.callback_metrics)
+        progress.current_epoch += 1
+        progress.epoch_finished, progress.epoch_batches = False, 0
     states = checkpoint.get("callbacks", {})
     for cb in trainer.callbacks:
         if cb.state_key in states:
             cb.load_state_dict(states[cb.state_key])
     if trainer.datamodule is not None and "datamodule" in checkpoint:
         trainer.datamodule.load_state_dict(checkpoint["datamodule"])
-    if "rng" in checkpoint:
-        restore_rng_state(checkpoint["rng"])
 
 
 def load_module_from_checkpoint(

@@ -5,15 +5,10 @@ look-ahead so the loop knows which batch is the last."""
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
-from torch.utils.data.distributed import DistributedSampler
-
 from strategies.exceptions import ConfigError, MisconfigurationError
-from trainer.seed import SEED_ENV
 
 _HOOKS = {"train": "train_dataloader", "val": "val_dataloader", "test": "test_dataloader",
           "predict": "predict_dataloader"}
@@ -44,56 +39,6 @@ def resolve_loaders(stage: str, given: Any, datamodule: Any, module: Any) -> lis
                 f"{hook}() returned {type(loader).__name__}; return a DataLoader or an iterable."
             )
     return loaders
-
-
-class UnpaddedDistributedSampler(Sampler[int]):
-    """Evaluation sharding that counts every sample exactly once: rank r takes indices r, r+N, ...
-
-    DistributedSampler pads by repeating samples so all ranks get equal counts, which is right for
-    training (collectives every step) but biases evaluation metrics; evaluation has no per-batch
-    collectives, so uneven shards are safe.
-    """
-
-    def __init__(self, dataset: Any, num_replicas: int, rank: int) -> None:
-        self.length, self.num_replicas, self.rank = len(dataset), num_replicas, rank
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(range(self.rank, self.length, self.num_replicas))
-
-    def __len__(self) -> int:
-        return len(range(self.rank, self.length, self.num_replicas))
-
-
-def inject_sampler(loader: Iterable, sampler_kwargs: dict[str, Any] | None, training: bool) -> Iterable:
-    """Rebuild a plain DataLoader with a distributed sampler when the strategy asks for one.
-
-    Training keeps the loader's shuffling (DistributedSampler, seeded by seed_everything, with
-    set_epoch every epoch); evaluation and prediction shard without padding or shuffling.
-    """
-    if sampler_kwargs is None or not isinstance(loader, DataLoader):
-        return loader
-    if isinstance(loader.dataset, IterableDataset) or isinstance(loader.sampler, DistributedSampler):
-        return loader
-    if type(loader) is not DataLoader or type(loader.sampler) not in (RandomSampler, SequentialSampler) or (
-        loader.batch_sampler is not None and type(loader.batch_sampler).__name__ != "BatchSampler"
-    ):
-        raise ConfigError(
-            f"cannot add a DistributedSampler to {type(loader).__name__} with {type(loader.sampler).__name__}: only "
-            "plain DataLoaders with the default samplers are re-built. Shard the data yourself and pass "
-            "Trainer(use_distributed_sampler=False)."
-        )
-    sampler: Sampler[int]
-    if training:
-        seed = int(os.environ.get(SEED_ENV, 0))
-        shuffle = isinstance(loader.sampler, RandomSampler)
-        sampler = DistributedSampler(loader.dataset, shuffle=shuffle, seed=seed, **sampler_kwargs)
-    else:
-        sampler = UnpaddedDistributedSampler(loader.dataset, **sampler_kwargs)
-    kwargs = {name: getattr(loader, name) for name in _LOADER_ARGS if hasattr(loader, name)}
-    if kwargs.get("num_workers", 0) == 0:
-        kwargs.pop("prefetch_factor", None)
-        kwargs["persistent_workers"] = False
-    return DataLoader(loader.dataset, sampler=sampler, **kwargs)
 
 
 def loader_length(loader: Iterable) -> int | float:
@@ -127,18 +72,19 @@ def set_epoch(loader: Iterable, epoch: int) -> None:
             fn(epoch)
 
 
-def iterate(loader: Iterable, max_batches: int | float) -> Iterator[tuple[int, Any, bool]]:
-    """Yield (batch_idx, batch, is_last) for at most max_batches batches.
+def iterate(loader: Iterable, max_batches: int | float, start: int = 0) -> Iterator[tuple[int, Any, bool]]:
+    """Yield (batch_idx, batch, is_last) for batches `start` .. `max_batches - 1` of `loader`.
 
-    When the count is known the batches are fetched exactly as a plain `for` loop would (so data-side
+    `loader` may be an iterator already positioned at batch `start` (a resumed epoch). When the
+    count is known the batches are fetched exactly as a plain `for` loop would (so data-side
     randomness interleaves with the step as in a raw loop); only length-less loaders are read one
     batch ahead to find the last one.
     """
-    if max_batches <= 0:
+    if max_batches - start <= 0:
         return
     if max_batches != math.inf:
         last = int(max_batches) - 1
-        for idx, batch in enumerate(loader):
+        for idx, batch in enumerate(loader, start=start):
             yield idx, batch, idx == last
             if idx == last:
                 return
@@ -148,7 +94,7 @@ def iterate(loader: Iterable, max_batches: int | float) -> Iterator[tuple[int, A
         current = next(it)
     except StopIteration:
         return
-    idx = 0
+    idx = start
     for upcoming in it:
         yield idx, current, False
         current, idx = upcoming, idx + 1

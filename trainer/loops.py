@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from strategies.exceptions import MisconfigurationError
-from trainer import data
+from trainer import data, resume
 from trainer.hooks import call_hook
 from trainer.state import RunningStage, TrainerFn
 
@@ -87,14 +87,19 @@ def run_train_epoch(trainer: Trainer) -> None:
     """One training epoch, with validation wherever it is due."""
     s, progress, results, schedule = trainer.strategy, trainer._progress, trainer._train_results, trainer._schedule
     loader = trainer._loaders.train
+    resume.before_epoch(trainer)
     data.set_epoch(loader, progress.current_epoch)
     trainer._results = results
     trainer.state.stage = RunningStage.TRAINING
     s.module.train()
-    progress.epoch_batches, progress.epoch_finished = 0, False
     step_fn = train_one_batch if trainer._automatic else train_one_batch_manual
     call_hook(trainer, "on_train_epoch_start")
-    for batch_idx, batch, is_last in data.iterate(loader, trainer.num_training_batches):
+    iterator, start = resume.open_epoch(trainer, loader)
+    progress.epoch_batches, progress.epoch_finished = start, False
+    if start and not progress.val_started and schedule.val_due(start - 1, start == trainer.num_training_batches):
+        _validate_during_fit(trainer)  # the save came before the validation due after that batch
+    for batch_idx, batch, is_last in data.iterate(iterator, trainer.num_training_batches, start):
+        progress.val_started = False
         batch = s.batch_to_device(batch)
         results.set_batch(batch)
         if call_hook(trainer, "on_train_batch_start", batch, batch_idx) == -1:
@@ -105,13 +110,18 @@ def run_train_epoch(trainer: Trainer) -> None:
         call_hook(trainer, "on_train_batch_end", outputs, batch, batch_idx)
         trainer._metrics.step_end(results, progress.total_batches, progress.global_step, progress.current_epoch)
         if schedule.val_due(batch_idx, is_last):
-            run_evaluation(trainer, RunningStage.VALIDATING)
-            trainer._results = results
-            trainer.state.stage = RunningStage.TRAINING
+            _validate_during_fit(trainer)
         if schedule.stop_in_epoch():
             break
     progress.epoch_finished = True
     _train_epoch_end(trainer)
+
+
+def _validate_during_fit(trainer: Trainer) -> None:
+    trainer._progress.val_started = True
+    run_evaluation(trainer, RunningStage.VALIDATING)
+    trainer._results = trainer._train_results
+    trainer.state.stage = RunningStage.TRAINING
 
 
 def _train_epoch_end(trainer: Trainer) -> None:

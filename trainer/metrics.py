@@ -67,6 +67,13 @@ class MetricsRouter:
             for logger in self.loggers:
                 logger.log_hyperparams(params)
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"callback": self.callback_metrics, "logged": self.logged_metrics}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._callback.update(state.get("callback", {}))
+        self._logged.update(state.get("logged", {}))
+
     def adopt(self, callback: dict[str, Tensor], logged: dict[str, Any]) -> None:
         """Take over the metrics a rank in another process produced (ddp_spawn)."""
         self._live = None

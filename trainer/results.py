@@ -228,6 +228,19 @@ class ResultCollection:
             entry.total, entry.weight = None, 0.0
         return out
 
+    _SAVED_FIELDS = ("name", "on_step", "on_epoch", "prog_bar", "logger", "sync_dist", "reduce_fx", "step_value",
+                     "total", "weight", "pending", "alias_step")
+
+    def state_dict(self) -> dict[str, dict[str, Any]]:
+        """The epoch accumulators, so a mid-epoch resume ends the epoch with the same values.
+
+        torchmetrics objects keep their own state (on the module); only their bookkeeping is saved.
+        """
+        return {key: {f: getattr(e, f) for f in self._SAVED_FIELDS} for key, e in self.entries.items()}
+
+    def load_state_dict(self, state: dict[str, dict[str, Any]]) -> None:
+        self.entries = {key: _Entry(**fields) for key, fields in state.items()}
+
     def reset(self) -> None:
         for entry in self.entries.values():
             if entry.metric is not None:

@@ -11,6 +11,7 @@ from strategies.distributed import rank_zero_info
 from strategies.exceptions import ConfigError, MisconfigurationError
 from trainer import data
 from trainer.flags import RunSpec
+from trainer.sampling import prepare_loader
 from trainer.state import TrainerFn
 
 if TYPE_CHECKING:
@@ -86,7 +87,7 @@ class StageLoaders:
 
         def prepare(stage: str, training: bool) -> tuple[list[Any], list[int | float]]:
             loaders = data.resolve_loaders(stage, given.get(stage), trainer.datamodule, module)
-            loaders = [data.inject_sampler(dl, sampler_kwargs, training) for dl in loaders]
+            loaders = [prepare_loader(dl, sampler_kwargs, training) for dl in loaders]
             limit = getattr(spec, f"limit_{stage}_batches")
             return loaders, [data.limit_batches(stage, data.loader_length(dl), limit) for dl in loaders]
 

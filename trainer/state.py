@@ -55,6 +55,7 @@ class Progress:
     epoch_batches: int = 0
     total_batches: int = 0
     epoch_finished: bool = False
+    val_started: bool = False  # validation due after the last finished batch has begun
     extra: dict[str, Any] = field(default_factory=dict)
 
     def state_dict(self) -> dict[str, Any]:

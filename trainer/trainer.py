@@ -103,6 +103,8 @@ class Trainer:
         self._automatic = True
         self._user_optimizers: list[_StrategyOptimizer] = []
         self._launcher_pid = os.getpid()  # a run in another process (spawn) sends its outcome back
+        self._epoch_start_rng: torch.Tensor | None = None  # torch RNG when this epoch's loader iterator began
+        self._resume_point: Any = None  # set by a checkpoint restore, consumed by the next training epoch
 
     # --- flags users read ---------------------------------------------------------------------------
     max_epochs = property(lambda self: self._spec.max_epochs)
@@ -344,6 +346,7 @@ class Trainer:
             for opt in self.optimizers
         ]
         self._progress.__init__()  # type: ignore[misc]
+        self._resume_point = None
         if checkpoint is not None:
             ckpt.restore_training_state(self, checkpoint, path)
         for cb in self.checkpoint_callbacks:

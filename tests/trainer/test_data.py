@@ -10,28 +10,41 @@ from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
 from tests.helpers.boring import RandomDataset
 from trainer import data
 from trainer.exceptions import ConfigError
+from trainer.sampling import ResumableSampler, prepare_loader
 
 KW = {"num_replicas": 2, "rank": 1}
 
 
 def test_training_loader_gets_a_distributed_sampler_keeping_shuffle_and_drop_last():
     loader = DataLoader(RandomDataset(32, 10), batch_size=3, shuffle=True, drop_last=True)
-    new = data.inject_sampler(loader, KW, training=True)
-    assert isinstance(new.sampler, DistributedSampler) and new.sampler.shuffle and new.drop_last
-    assert (new.sampler.num_replicas, new.sampler.rank, new.batch_size) == (2, 1, 3)
+    new = prepare_loader(loader, KW, training=True)
+    assert isinstance(new.sampler, ResumableSampler) and isinstance(new.sampler.inner, DistributedSampler)
+    assert new.sampler.inner.shuffle and new.drop_last
+    assert (new.sampler.inner.num_replicas, new.sampler.inner.rank, new.batch_size) == (2, 1, 3)
     assert len(new) == 1  # 5 samples on this rank, batches of 3, last one dropped
 
 
 def test_evaluation_loader_is_sharded_without_padding():
     loader = DataLoader(RandomDataset(32, 7), batch_size=2)
-    shards = [list(data.inject_sampler(loader, {"num_replicas": 2, "rank": r}, training=False).sampler)
+    shards = [list(prepare_loader(loader, {"num_replicas": 2, "rank": r}, training=False).sampler)
               for r in range(2)]
     assert shards == [[0, 2, 4, 6], [1, 3, 5]]
 
 
-def test_no_injection_when_the_strategy_does_not_ask():
+def test_no_sharding_when_the_strategy_does_not_ask():
     loader = DataLoader(RandomDataset(32, 7), batch_size=2)
-    assert data.inject_sampler(loader, None, training=True) is loader
+    assert prepare_loader(loader, None, training=False) is loader
+    train = prepare_loader(loader, None, training=True)
+    assert isinstance(train.sampler, ResumableSampler) and isinstance(train.sampler.inner, SequentialSampler)
+
+
+def test_resumable_sampler_replays_an_epoch_from_a_position():
+    loader = prepare_loader(DataLoader(range(10), batch_size=2, shuffle=True), None, training=True)
+    first = [int(i) for batch in loader for i in batch]
+    state = loader.sampler.epoch_state
+    loader.sampler.replay(state, skip=4)
+    assert [int(i) for batch in loader for i in batch] == first[4:]
+    assert sorted(first) == list(range(10))
 
 
 class MyLoader(DataLoader):
@@ -48,7 +61,7 @@ class MySampler(SequentialSampler):
 ])
 def test_custom_loaders_and_samplers_point_at_use_distributed_sampler(make):  # noqa: ANN001
     with pytest.raises(ConfigError, match=r"use_distributed_sampler=False"):
-        data.inject_sampler(make(RandomDataset(32, 8)), KW, training=True)
+        prepare_loader(make(RandomDataset(32, 8)), KW, training=True)
 
 
 def test_limits_and_lengths():

@@ -1,0 +1,157 @@
+"""Training samplers whose order can be replayed, and distributed sharding for every stage.
+
+Data order is a pure function of (seed, epoch, rank, position): the training loader's sampler is
+wrapped in a ResumableSampler, which records the seed of each epoch's permutation so a mid-epoch
+resume replays it and skips the consumed indices, without loading (and discarding) any batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
+from torch.utils.data.distributed import DistributedSampler
+
+from strategies.exceptions import ConfigError
+from trainer.seed import SEED_ENV
+
+# The plain DataLoader arguments we carry over when re-building a loader around a new sampler.
+_LOADER_ARGS = ("batch_size", "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout",
+                "worker_init_fn", "multiprocessing_context", "generator", "prefetch_factor",
+                "persistent_workers", "pin_memory_device", "in_order")
+
+
+class UnpaddedDistributedSampler(Sampler[int]):
+    """Evaluation sharding that counts every sample exactly once: rank r takes indices r, r+N, ...
+
+    DistributedSampler pads by repeating samples so all ranks get equal counts, which is right for
+    training (collectives every step) but biases evaluation metrics; evaluation has no per-batch
+    collectives, so uneven shards are safe.
+    """
+
+    def __init__(self, dataset: Any, num_replicas: int, rank: int) -> None:
+        self.length, self.num_replicas, self.rank = len(dataset), num_replicas, rank
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.length, self.num_replicas))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.length, self.num_replicas))
+
+
+class ResumableSampler(Sampler[int]):
+    """Wraps a training sampler; records what fixes each epoch's order and can replay it from a position.
+
+    For a RandomSampler without its own generator it draws the permutation seed from the global
+    torch RNG exactly as RandomSampler does (so runs equal a plain PyTorch loop) and remembers it.
+    For a RandomSampler with a generator it remembers the generator state; other samplers
+    (DistributedSampler, SequentialSampler) are already a pure function of seed and epoch.
+    """
+
+    def __init__(self, inner: Sampler[int]) -> None:
+        self.inner = inner
+        self.epoch_state: dict[str, Any] = {}
+        self._replay: tuple[dict[str, Any], int] | None = None
+
+    def replay(self, epoch_state: dict[str, Any], skip: int) -> None:
+        """The next iteration repeats the epoch described by `epoch_state`, skipping `skip` indices."""
+        self._replay = (epoch_state, skip)
+
+    def keep_run_seed(self, epoch_state: dict[str, Any]) -> None:
+        """A resumed run keeps the distributed shuffling seed of the run it continues, whatever it was seeded with."""
+        if isinstance(self.inner, DistributedSampler) and "distributed_seed" in epoch_state:
+            self.inner.seed = epoch_state["distributed_seed"]
+
+    def __iter__(self) -> Iterator[int]:
+        state, skip = self._replay or ({}, 0)
+        self._replay = None
+        inner = self.inner
+        indices: Iterable[int] = inner
+        if type(inner) is RandomSampler and inner.generator is None:
+            seed = state.get("seed")
+            if seed is None:
+                seed = int(torch.empty((), dtype=torch.int64).random_().item())  # RandomSampler's own draw
+            generator = torch.Generator()
+            generator.manual_seed(seed)
+            indices = RandomSampler(inner.data_source, replacement=inner.replacement,
+                                    num_samples=inner.num_samples, generator=generator)
+            self.epoch_state = {"seed": seed}
+        elif isinstance(inner, RandomSampler):
+            if "generator_state" in state:
+                inner.generator.set_state(state["generator_state"])
+            self.epoch_state = {"generator_state": inner.generator.get_state()}
+        elif isinstance(inner, DistributedSampler):
+            if "distributed_seed" in state:  # the run's seed fixes the order; a resumed run may seed differently
+                inner.seed = state["distributed_seed"]
+            self.epoch_state = {"distributed_seed": inner.seed}
+        else:
+            self.epoch_state = {}
+        return itertools.islice(iter(indices), skip, None)
+
+    def __len__(self) -> int:
+        return len(self.inner)  # type: ignore[arg-type]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Called at every epoch start, before any replay is armed: a replay never leaks into the next epoch."""
+        self._replay = None
+        fn = getattr(self.inner, "set_epoch", None)
+        if callable(fn):
+            fn(epoch)
+
+
+_DEFAULT_SAMPLERS = (RandomSampler, SequentialSampler, DistributedSampler)
+
+
+def _is_plain(loader: DataLoader) -> bool:
+    return type(loader) is DataLoader and type(loader.sampler) in _DEFAULT_SAMPLERS and (
+        loader.batch_sampler is None or type(loader.batch_sampler).__name__ == "BatchSampler"
+    )
+
+
+def _rebuild(loader: DataLoader, sampler: Sampler[int]) -> DataLoader:
+    kwargs = {name: getattr(loader, name) for name in _LOADER_ARGS if hasattr(loader, name)}
+    if kwargs.get("num_workers", 0) == 0:
+        kwargs.pop("prefetch_factor", None)
+        kwargs["persistent_workers"] = False
+    return DataLoader(loader.dataset, sampler=sampler, **kwargs)
+
+
+def prepare_loader(loader: Iterable, sampler_kwargs: dict[str, Any] | None, training: bool) -> Iterable:
+    """Re-build a plain DataLoader around the sampler this run needs.
+
+    Training: a ResumableSampler around the loader's own sampler, or around a DistributedSampler
+    (keeping shuffle, seeded by seed_everything) when the strategy shards data. Evaluation and
+    prediction: sharded without padding or shuffling when the strategy shards data, else untouched.
+    Loaders that cannot be re-built are kept as they are, unless sharding is required: then a clear
+    error names `use_distributed_sampler=False`.
+    """
+    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+        return loader
+    if not _is_plain(loader):
+        if sampler_kwargs is not None and not isinstance(loader.sampler, DistributedSampler):
+            raise ConfigError(
+                f"cannot add a DistributedSampler to {type(loader).__name__} with {type(loader.sampler).__name__}: "
+                "only plain DataLoaders with the default samplers are re-built. Shard the data yourself and pass "
+                "Trainer(use_distributed_sampler=False)."
+            )
+        return loader
+    sampler: Sampler[int] = loader.sampler
+    if sampler_kwargs is not None and not isinstance(sampler, DistributedSampler):
+        if training:
+            seed = int(os.environ.get(SEED_ENV, 0))
+            sampler = DistributedSampler(loader.dataset, shuffle=isinstance(sampler, RandomSampler), seed=seed,
+                                         **sampler_kwargs)
+        else:
+            sampler = UnpaddedDistributedSampler(loader.dataset, **sampler_kwargs)
+    elif not training:
+        return loader
+    return _rebuild(loader, ResumableSampler(sampler) if training else sampler)
+
+
+def resumable_sampler(loader: Any) -> ResumableSampler | None:
+    sampler = getattr(loader, "sampler", None)
+    return sampler if isinstance(sampler, ResumableSampler) else None
