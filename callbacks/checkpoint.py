@@ -7,6 +7,8 @@ writes; the save decision is agreed across ranks so no rank waits alone in a bar
 from __future__ import annotations
 
 import re
+import time
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +48,7 @@ class ModelCheckpoint(Callback):
         mode: str = "min",
         every_n_epochs: int | None = None,
         every_n_train_steps: int | None = None,
+        train_time_interval: timedelta | None = None,
         save_on_train_epoch_end: bool | None = None,
         save_weights_only: bool = False,
         auto_insert_metric_name: bool = True,
@@ -56,8 +59,10 @@ class ModelCheckpoint(Callback):
             raise ConfigError(f"ModelCheckpoint(save_top_k={save_top_k}) is not valid: use -1, 0 or a positive int.")
         if monitor is None and save_top_k not in (-1, 0, 1):
             raise ConfigError("ModelCheckpoint(save_top_k > 1) needs monitor= to rank checkpoints.")
-        if every_n_train_steps is not None and every_n_epochs is not None:
-            raise ConfigError("ModelCheckpoint: pass every_n_train_steps or every_n_epochs, not both.")
+        if sum(x is not None for x in (every_n_train_steps, every_n_epochs, train_time_interval)) > 1:
+            raise ConfigError(
+                "ModelCheckpoint: pass only one of every_n_train_steps, every_n_epochs and train_time_interval."
+            )
         self.dirpath = Path(dirpath) if dirpath is not None else None
         self.filename = filename
         self.monitor = monitor
@@ -66,7 +71,10 @@ class ModelCheckpoint(Callback):
         self.save_top_k = save_top_k
         self.mode = mode
         self.every_n_train_steps = every_n_train_steps or 0
-        self.every_n_epochs = every_n_epochs if every_n_epochs is not None else (0 if every_n_train_steps else 1)
+        self.train_time_interval = train_time_interval
+        step_based = bool(every_n_train_steps) or train_time_interval is not None
+        self.every_n_epochs = every_n_epochs if every_n_epochs is not None else (0 if step_based else 1)
+        self._last_time_save = time.monotonic()
         self.save_on_train_epoch_end = save_on_train_epoch_end
         self.save_weights_only = save_weights_only
         self.auto_insert_metric_name = auto_insert_metric_name
@@ -137,13 +145,20 @@ class ModelCheckpoint(Callback):
                            batch_idx: int) -> None:
         if self.every_n_train_steps and trainer.global_step % self.every_n_train_steps == 0:
             self._save(trainer)
+        elif self.train_time_interval is not None:
+            elapsed = time.monotonic() - self._last_time_save >= self.train_time_interval.total_seconds()
+            if trainer.strategy.broadcast(elapsed):  # rank 0's clock decides for everyone
+                self._last_time_save = time.monotonic()
+                self._save(trainer)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
-        if not self.every_n_train_steps and self._saves_on_train_epoch_end(trainer) and self._epoch_due(trainer):
+        step_based = self.every_n_train_steps or self.train_time_interval is not None
+        if not step_based and self._saves_on_train_epoch_end(trainer) and self._epoch_due(trainer):
             self._save(trainer)
 
     def on_validation_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
-        if trainer.sanity_checking or self.every_n_train_steps or self._saves_on_train_epoch_end(trainer):
+        step_based = self.every_n_train_steps or self.train_time_interval is not None
+        if trainer.sanity_checking or step_based or self._saves_on_train_epoch_end(trainer):
             return
         if self._epoch_due(trainer):
             self._save(trainer)

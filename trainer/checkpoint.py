@@ -91,12 +91,28 @@ def load_checkpoint_file(trainer: Trainer, path: str | Path) -> dict[str, Any]:
     return checkpoint
 
 
+def describe_mismatch(model_state: Mapping[str, Any], saved: Mapping[str, Any], limit: int = 5) -> str:
+    """The first few missing, unexpected and mis-shaped keys between a model and a saved state dict."""
+    missing = [k for k in model_state if k not in saved]
+    unexpected = [k for k in saved if k not in model_state]
+    shapes = [f"{k} (checkpoint {tuple(saved[k].shape)}, model {tuple(model_state[k].shape)})" for k in model_state
+              if k in saved and hasattr(saved[k], "shape") and tuple(saved[k].shape) != tuple(model_state[k].shape)]
+    parts = [f"{label} ({len(keys)}): {', '.join(keys[:limit])}{', ...' if len(keys) > limit else ''}"
+             for label, keys in (("missing keys", missing), ("unexpected keys", unexpected),
+                                 ("shape mismatches", shapes)) if keys]
+    return "; ".join(parts)
+
+
 def restore_module(trainer: Trainer, checkpoint: Mapping[str, Any], path: str | Path) -> None:
     """Load weights (before optimizers are built, so sharded strategies shard the loaded values)."""
     try:
         trainer.strategy.load_module_state_dict(checkpoint["state_dict"])
     except RuntimeError as err:
-        raise CheckpointLoadError(f"{path} does not match the model: {err}") from err
+        diff = describe_mismatch(trainer.strategy.module.state_dict(), checkpoint["state_dict"])
+        raise CheckpointLoadError(
+            f"{path} does not match the model: {diff or err}. Resume needs the same architecture; to load only "
+            "the matching weights use TrainModule.load_from_checkpoint(path, strict=False)."
+        ) from err
 
 
 def restore_training_state(trainer: Trainer, checkpoint: Mapping[str, Any], path: str | Path) -> None:
@@ -151,6 +167,8 @@ def load_module_from_checkpoint(
     try:
         module.load_state_dict(checkpoint["state_dict"], strict=strict)
     except RuntimeError as err:
-        raise CheckpointLoadError(f"{path} does not match {cls.__name__}: {err}") from err
+        diff = describe_mismatch(module.state_dict(), checkpoint["state_dict"])
+        hint = " Pass strict=False to load the matching keys only." if strict else ""
+        raise CheckpointLoadError(f"{path} does not match {cls.__name__}: {diff or err}.{hint}") from err
     module.on_load_checkpoint(checkpoint)
     return module

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,22 @@ def test_every_n_train_steps(tmp_path: Path):
     cb = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=5, save_top_k=-1)
     Trainer(max_epochs=2, limit_val_batches=0, callbacks=[cb], **CKPT).fit(BoringModel())
     assert _names(tmp_path) == ["epoch=0-step=5.ckpt", "epoch=1-step=10.ckpt", "epoch=1-step=15.ckpt"]
+
+
+def test_train_time_interval(tmp_path: Path):
+    cb = ModelCheckpoint(dirpath=tmp_path, train_time_interval=timedelta(seconds=0), save_top_k=-1)
+    Trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=0, callbacks=[cb], **CKPT).fit(BoringModel())
+    assert _names(tmp_path) == ["epoch=0-step=1.ckpt", "epoch=0-step=2.ckpt", "epoch=0-step=3.ckpt"]
+
+
+def test_ckpt_path_last_ignores_temp_files_of_an_interrupted_save(tmp_path: Path):
+    cb = ModelCheckpoint(dirpath=tmp_path)
+    Trainer(max_epochs=1, limit_val_batches=0, callbacks=[cb], **CKPT).fit(BoringModel())
+    (tmp_path / "epoch=5-step=99.ckpt.tmp-0badf00d").write_bytes(b"partial")
+    resumed = ModelCheckpoint(dirpath=tmp_path)
+    trainer = Trainer(max_epochs=2, limit_val_batches=0, callbacks=[resumed], **CKPT)
+    trainer.fit(BoringModel(), ckpt_path="last")
+    assert trainer.global_step == 16 and not list(tmp_path.glob("*.tmp-*"))
 
 
 def test_missing_monitor_names_the_logged_metrics(tmp_path: Path):

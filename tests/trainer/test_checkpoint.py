@@ -138,5 +138,21 @@ def test_checkpoint_of_a_different_model_lists_the_mismatch(tmp_path: Path):
             super().__init__()
             self.layer = torch.nn.Linear(32, 3)
 
-    with pytest.raises(CheckpointLoadError, match=r"(?s)does not match the model.*size mismatch for layer.weight"):
+    expected = (r"does not match the model: shape mismatches \(2\): layer.weight \(checkpoint \(2, 32\), model "
+                r"\(3, 32\)\), layer.bias .*strict=False")
+    with pytest.raises(CheckpointLoadError, match=expected):
         Trainer(max_epochs=1, **QUIET).fit(Wider(), ckpt_path=path)
+
+
+def test_load_from_checkpoint_lists_missing_and_unexpected_keys(tmp_path: Path):
+    _, _, path = _fitted(tmp_path)
+
+    class Renamed(BoringModel):
+        def __init__(self) -> None:
+            super().__init__()
+            self.extra = torch.nn.Linear(2, 2)
+
+    with pytest.raises(CheckpointLoadError, match=r"missing keys \(2\): extra.weight, extra.bias.*strict=False"):
+        Renamed.load_from_checkpoint(path)
+    model = Renamed.load_from_checkpoint(path, strict=False)
+    assert torch.equal(model.layer.weight, torch.load(path, weights_only=True)["state_dict"]["layer.weight"])
