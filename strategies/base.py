@@ -119,6 +119,9 @@ class Strategy(ABC):
         """Build the strategy from resolved Trainer flags (called by the registry)."""
         raise NotImplementedError(f"{cls.__name__} cannot be built from a strategy name; pass an instance.")
 
+    def adopt_flags(self, devices: list[torch.device], num_nodes: int) -> None:  # noqa: B027 (optional)
+        """A Strategy instance passed to the Trainer takes the Trainer's devices for what it left unset."""
+
     def supported_precisions(self) -> tuple[str, ...]:
         """Canonical precision names this strategy can run; checked by `validate_precision`."""
         return ("32-true", "64-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true")

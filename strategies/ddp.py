@@ -51,6 +51,7 @@ class DDPStrategy(Strategy):
         **ddp_kwargs: Any,
     ) -> None:
         super().__init__(precision)
+        self._devices_given, self._backend_given = devices is not None, process_group_backend is not None
         self.parallel_devices = list(devices) if devices else [torch.device("cpu")]
         self.num_nodes = num_nodes
         device_type = self.parallel_devices[0].type
@@ -80,6 +81,15 @@ class DDPStrategy(Strategy):
     def from_flags(cls, devices: list[torch.device], num_nodes: int, precision: Precision,
                    **kwargs: Any) -> DDPStrategy:
         return cls(devices=devices, num_nodes=num_nodes, precision=precision, **kwargs)
+
+    def adopt_flags(self, devices: list[torch.device], num_nodes: int) -> None:
+        """`Trainer(strategy=DDPStrategy(timeout=...), devices=2)`: the instance runs on the Trainer's devices."""
+        if self._devices_given:
+            return
+        self.parallel_devices, self.num_nodes = list(devices), num_nodes
+        self.world_size = len(devices) * num_nodes
+        if not self._backend_given:
+            self.process_group_backend = default_backend(devices[0].type)
 
     # --- topology -----------------------------------------------------------------------------
     @property

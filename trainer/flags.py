@@ -105,6 +105,7 @@ def parse_max_time(value: Any) -> timedelta | None:
 
 def _resolve_strategy(strategy: Any, devices: list[torch.device], num_nodes: int, precision: str) -> Strategy:
     if isinstance(strategy, Strategy):
+        strategy.adopt_flags(devices, num_nodes)
         if strategy.precision.name != precision:
             if strategy.precision.name != "32-true":
                 raise ConfigError(

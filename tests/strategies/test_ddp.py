@@ -155,6 +155,14 @@ def test_auto_strategy_with_two_cpu_devices_is_ddp_with_gloo():
     assert isinstance(trainer.strategy, DDPStrategy) and trainer.strategy.process_group_backend == "gloo"
 
 
+def test_a_strategy_instance_takes_the_trainer_devices():
+    trainer = Trainer(strategy=DDPStrategy(timeout=30), accelerator="cpu", devices=2)
+    assert trainer.strategy.world_size == 2 and trainer.strategy.process_group_backend == "gloo"
+    assert trainer.strategy.timeout.total_seconds() == 30
+    fixed = DDPStrategy(devices=[torch.device("cpu")] * 3)
+    assert Trainer(strategy=fixed, accelerator="cpu", devices=2).strategy.world_size == 3
+
+
 def test_backend_choices_are_checked():
     with pytest.raises(Exception, match="process_group_backend='nccl' needs CUDA devices"):
         DDPStrategy(devices=[torch.device("cpu")] * 2, process_group_backend="nccl")
