@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -87,9 +88,57 @@ def test_progress_bar_shows_epochs_and_prog_bar_metrics(capsys: pytest.CaptureFi
             self.log("shown", 1.25, prog_bar=True)
             return loss
 
-    Trainer(max_epochs=2, callbacks=[ProgressBar()], **QUIET).fit(M())
+    Trainer(max_epochs=2, callbacks=[ProgressBar(plain=False)], **QUIET).fit(M())
     out = capsys.readouterr().out
     assert "Epoch 0" in out and "Epoch 1" in out and "shown=1.25" in out and "8/8" in out
+
+
+def test_progress_bar_prints_plain_lines_when_stdout_is_not_a_terminal(capsys: pytest.CaptureFixture):
+    class M(BoringModel):
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            loss = super().training_step(batch, batch_idx)
+            self.log("shown", 1.25, prog_bar=True)
+            return loss
+
+    Trainer(max_epochs=2, num_sanity_val_steps=0, callbacks=[ProgressBar()], **QUIET).fit(M())
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" batches")[0] for line in lines] == [
+        "Validation: 8/8", "Epoch 0: 8/8", "Validation: 8/8", "Epoch 1: 8/8"]
+    assert lines[1].endswith("shown=1.25") and "\r" not in "".join(lines)
+
+
+def test_progress_bar_through_a_pseudo_terminal_draws_tqdm(tmp_path):  # noqa: ANN001
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    script = tmp_path / "bar.py"
+    script.write_text(
+        "from tests.helpers.boring import BoringModel, QUIET\n"
+        "from callbacks import ProgressBar\nfrom trainer import Trainer\n"
+        "class M(BoringModel):\n"
+        "    def training_step(self, batch, batch_idx):\n"
+        "        self.log('shown', 1.25, prog_bar=True)\n"
+        "        return super().training_step(batch, batch_idx)\n"
+        "Trainer(max_epochs=1, callbacks=[ProgressBar()], **QUIET).fit(M())\n"
+    )
+    leader, follower = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=follower, stderr=follower, env=env)
+    os.close(follower)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        output += chunk
+    assert proc.wait(timeout=60) == 0
+    text = output.decode(errors="replace")
+    assert "\r" in text and "Epoch 0" in text and "shown=1.25" in text and "100%" in text
 
 
 def test_model_summary_counts_parameters(capsys: pytest.CaptureFixture):
