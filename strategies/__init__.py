@@ -7,13 +7,16 @@ from strategies.base import Strategy
 from strategies.ddp import DDPStrategy
 from strategies.distributed import rank_zero_only
 from strategies.dp import DataParallelStrategy
-from strategies.precision import Precision, precision_from_flag
+from strategies.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision, precision_from_flag
 from strategies.registry import STRATEGY_REGISTRY
 from strategies.single_device import SingleDeviceStrategy
 
 __all__ = [
     "DDPStrategy",
     "DataParallelStrategy",
+    "DoublePrecision",
+    "HalfPrecision",
+    "MixedPrecision",
     "STRATEGY_REGISTRY",
     "Precision",
     "SingleDeviceStrategy",

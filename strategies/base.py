@@ -176,6 +176,10 @@ class Strategy(ABC):
         """Skip gradient sync during accumulation (DDP no_sync). Must wrap forward and backward."""
         return nullcontext()
 
+    def unscale_gradients(self, optimizer: Optimizer) -> None:
+        """Undo loss scaling (16-mixed) so hooks and clipping read true gradients. Idempotent within a step."""
+        self.precision.unscale_gradients(optimizer)
+
     def clip_gradients(
         self,
         optimizer: Optimizer,

@@ -112,14 +112,14 @@ def _resolve_strategy(strategy: Any, devices: list[torch.device], num_nodes: int
                     f"precision={precision!r} conflicts with the {strategy.precision.name!r} precision the "
                     f"{type(strategy).__name__} instance was built with; pass only one of them."
                 )
-            strategy.precision = precision_from_flag(precision)
+            strategy.precision = precision_from_flag(precision, strategy.root_device.type)
         return strategy
     if not isinstance(strategy, str):
         raise ConfigError(f"strategy={strategy!r} is not valid: pass a strategy name or a Strategy instance.")
     name = strategy.strip().lower()
     if name == "auto":
         name = "single" if len(devices) * num_nodes == 1 else "ddp"
-    return STRATEGY_REGISTRY.create(name, devices, num_nodes, precision_from_flag(precision))
+    return STRATEGY_REGISTRY.create(name, devices, num_nodes, precision_from_flag(precision, devices[0].type))
 
 
 def _check_strategy_precision(strategy: Strategy, precision: str) -> None:

@@ -67,6 +67,7 @@ def train_one_batch(trainer: Trainer, batch: Any, batch_idx: int, is_last: bool)
             call_hook(trainer, "on_after_backward")
             trainer._window_has_loss = True
     if is_last_micro and trainer._window_has_loss:
+        s.unscale_gradients(opt)  # hooks see true gradients under 16-mixed, as in Lightning
         call_hook(trainer, "on_before_optimizer_step", opt)
         trainer._clip_gradients(opt)
         if s.optimizer_step(opt):

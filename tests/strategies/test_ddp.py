@@ -59,6 +59,20 @@ def test_ddp_two_ranks_match_one_process_on_the_double_batch(optimizer: str, acc
     assert not torch.equal(single["net.0.weight"], Regression(optimizer).state_dict()["net.0.weight"])
 
 
+def _bf16_rank(rank: int) -> dict[str, torch.Tensor]:
+    return _fit("adamw", 4, 1, **{**DDP, "precision": "bf16-mixed"})
+
+
+def test_bf16_mixed_ddp_matches_one_process_within_bf16_tolerance():
+    ranks = run_distributed(_bf16_rank)
+    single = _fit("adamw", 8, 1, **{**QUIET, "precision": "bf16-mixed"})
+    start = Regression("adamw").state_dict()
+    for key in single:
+        assert torch.equal(ranks[0][key], ranks[1][key])
+        torch.testing.assert_close(ranks[0][key], single[key], rtol=2e-2, atol=2e-2)
+    assert any(not torch.equal(single[k], start[k]) for k in single)
+
+
 class LogsRank(BoringModel):
     def training_step(self, batch: Any, batch_idx: int) -> Any:
         self.log("synced", float(self.global_rank), on_step=False, on_epoch=True, sync_dist=True)

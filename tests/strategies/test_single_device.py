@@ -83,10 +83,10 @@ def test_precision_alias_table(flag: Any, name: str):
     assert canonical_precision(flag) == name
 
 
-def test_unavailable_precision_says_what_is_available():
-    assert precision_from_flag("32").name == "32-true"
-    with pytest.raises(ConfigError, match=r"precision='16-mixed' \(16-mixed\) is not available in this release"):
-        Trainer(precision="16-mixed")
+@pytest.mark.parametrize("name", ["32-true", "64-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true"])
+def test_single_device_strategy_accepts_every_precision(name: str):
+    trainer = Trainer(precision=name, **QUIET)
+    assert repr(trainer.strategy.precision) == repr(precision_from_flag(name, "cpu"))
 
 
 @pytest.mark.parametrize(("devices", "count"), [(1, 1), ("1", 1), ("auto", 1), ([0], 1)])
