@@ -1,0 +1,323 @@
+"""Checkpoint save and load time: our durable atomic save and safe load vs bare torch, at about 100 MB.
+
+The payload is shaped like a real checkpoint: the state_dict of an MLP (4 x Linear(1448, 1448), 8.39 M float32
+parameters, 33.6 MB) plus an Adam-like optimizer state (exp_avg and exp_avg_sq per parameter, a step count and
+param_groups), 100.7 MB of tensors in all, with the few primitives a checkpoint carries beside them.
+
+Save, same dict, same directory, each call writing a file that does not exist yet:
+  - ours:             `strategies.checkpoint_io.atomic_save(obj, path)` (temp file in the same directory,
+                      flush, fsync, os.replace, fsync of the directory)
+  - durable baseline: `torch.save` into an open file, flush, `os.fsync` (what "the bytes are on disk" costs)
+  - bare torch.save:  `torch.save(obj, path)`, no fsync (the data may still sit in the page cache)
+The <= 1.10x target is ours / durable baseline. Bare torch.save is shown beside it: the gap between the two
+baselines is the price of durability itself, which no correct atomic save can avoid.
+
+Load, the file written by torch.save (served from the page cache, as after a recent save):
+  - ours:     `strategies.checkpoint_io.safe_load(path)` (existence checks, weights_only=True, map_location="cpu")
+  - baseline: `torch.load(path, weights_only=True)`
+
+Informative: a whole `Trainer.save_checkpoint(path)` of a model of that size, after one fitted Adam step
+(dump_checkpoint: state dicts, loop state, RNG, the weights-only-safety walk, then atomic_save), vs torch.save
+of its model and optimizer state dicts, bare and durable.
+
+Variants run interleaved: each round runs every variant once, in an order rotated by one each round (and
+reversed every other cycle), so no variant always goes first. Between calls (outside the timing) the written
+file is removed and `os.sync()` flushes any dirty pages, so a bare torch.save does not leave write-back work to
+the next variant. Medians in ms; the ratio column is median(ours) / median(baseline); the JSON also holds the
+median of per-round paired ratios. The machine this was written on is a shared 2-core VM: run it twice.
+
+    .venv/bin/python benchmarks/checkpoint.py            # full run: 100.7 MB, 11 rounds (about a minute)
+    .venv/bin/python benchmarks/checkpoint.py --quick    # smoke run: 12.6 MB, 3 rounds (< 60 s)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from strategies.checkpoint_io import atomic_save, safe_load
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DEFAULT_OUT = RESULTS / "checkpoint.json"
+
+
+def make_net(width: int, layers: int = 4) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+
+
+def make_checkpoint(width: int) -> dict[str, Any]:
+    """A checkpoint-shaped dict: model state_dict + Adam-like state (2 moments per parameter) + primitives."""
+    net = make_net(width)
+    state_dict = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    names = list(state_dict)
+    gen = torch.Generator().manual_seed(1)
+    optim_state = {
+        i: {"step": torch.tensor(10.0), "exp_avg": torch.randn(state_dict[n].shape, generator=gen),
+            "exp_avg_sq": torch.rand(state_dict[n].shape, generator=gen)}
+        for i, n in enumerate(names)
+    }
+    return {
+        "format_version": 1,
+        "state_dict": state_dict,
+        "optimizer_states": [{"state": optim_state, "param_groups": [
+            {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "amsgrad": False,
+             "params": list(range(len(names)))}]}],
+        "epoch": 3, "global_step": 1234, "hparams": {"width": width, "lr": 1e-3},
+    }
+
+
+def tensor_bytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
+# --- the variants ------------------------------------------------------------------------------------
+def torch_save_bare(obj: Any, path: Path) -> None:
+    torch.save(obj, path)
+
+
+def torch_save_durable(obj: Any, path: Path) -> None:
+    with open(path, "wb") as handle:
+        torch.save(obj, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    gc.collect()
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def round_order(names: list[str], rnd: int) -> list[str]:
+    """Rotate by one each round, and reverse every other cycle of rotations: with 2 variants the orders go
+    ab, ba, ba, ab, ...; with 3 they visit all 6 permutations. No variant always runs first or after the same one."""
+    shift = rnd % len(names)
+    order = names[shift:] + names[:shift]
+    return order[::-1] if (rnd // len(names)) % 2 else order
+
+
+def run_rounds(
+    variants: dict[str, Callable[[], Any]], rounds: int, after: Callable[[], None]
+) -> dict[str, list[float]]:
+    """One untimed warm-up call per variant, then `rounds` interleaved rounds; `after` runs untimed after each."""
+    for fn in variants.values():
+        fn()
+        after()
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for rnd in range(rounds):
+        for name in round_order(list(variants), rnd):
+            times[name].append(timed(variants[name]))
+            after()
+    return times
+
+
+def measure_save(obj: Any, workdir: Path, rounds: int) -> dict[str, list[float]]:
+    path = workdir / "save.ckpt"
+
+    def cleanup() -> None:
+        path.unlink(missing_ok=True)
+        os.sync()
+
+    return run_rounds({
+        "atomic_save (ours)": lambda: atomic_save(obj, path),
+        "torch.save + fsync": lambda: torch_save_durable(obj, path),
+        "torch.save (bare)": lambda: torch_save_bare(obj, path),
+    }, rounds, cleanup)
+
+
+def measure_load(obj: Any, workdir: Path, rounds: int) -> dict[str, list[float]]:
+    path = workdir / "load.ckpt"
+    torch.save(obj, path)
+    os.sync()
+    loaded = safe_load(path)  # sanity: our loader returns exactly what was saved
+    assert torch.equal(loaded["state_dict"]["0.weight"], obj["state_dict"]["0.weight"])
+    return run_rounds({
+        "safe_load (ours)": lambda: safe_load(path),
+        "torch.load(weights_only=True)": lambda: torch.load(path, weights_only=True),
+    }, rounds, lambda: None)
+
+
+def measure_trainer_save(width: int, workdir: Path, rounds: int) -> tuple[dict[str, list[float]], int]:
+    """Trainer.save_checkpoint after one Adam step vs torch.save of the model and optimizer state dicts."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from trainer import Trainer, TrainModule
+
+    class Big(TrainModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = make_net(width)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return self.net(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+    model = Big()
+    trainer = Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.fit(model, DataLoader(TensorDataset(torch.randn(4, width)), batch_size=4))
+    optimizer = trainer.optimizers[0]
+    bare = {"state_dict": model.state_dict(), "optimizer": optimizer.state_dict()}
+    path = workdir / "trainer.ckpt"
+
+    def cleanup() -> None:
+        path.unlink(missing_ok=True)
+        os.sync()
+
+    def plain_state() -> dict[str, Any]:  # building the state dicts is part of any save
+        return {"state_dict": model.state_dict(), "optimizer": optimizer.state_dict()}
+
+    times = run_rounds({
+        "Trainer.save_checkpoint (ours)": lambda: trainer.save_checkpoint(path),
+        "torch.save + fsync": lambda: torch_save_durable(plain_state(), path),
+        "torch.save (bare)": lambda: torch_save_bare(plain_state(), path),
+    }, rounds, cleanup)
+    trainer.save_checkpoint(path)
+    checked = safe_load(path)
+    assert torch.equal(checked["state_dict"]["net.0.weight"], model.net[0].weight.detach())
+    path.unlink()
+    return times, tensor_bytes(bare)
+
+
+def summarize(times: dict[str, list[float]], baseline: str) -> list[dict[str, Any]]:
+    base = times[baseline]
+    rows = []
+    for name, values in times.items():
+        rows.append({
+            "variant": name,
+            "median_ms": statistics.median(values) * 1e3,
+            "min_ms": min(values) * 1e3,
+            "max_ms": max(values) * 1e3,
+            "runs_ms": [round(v * 1e3, 1) for v in values],
+            "baseline": baseline,
+            "ratio_of_medians": statistics.median(values) / statistics.median(base),
+            "median_paired_ratio": statistics.median(v / b for v, b in zip(values, base, strict=True)),
+        })
+    return rows
+
+
+def markdown_table(sections: list[tuple[str, list[dict[str, Any]]]]) -> str:
+    lines = ["| operation | variant | median ms | min–max ms | vs baseline |", "|---|---|---:|---:|---:|"]
+    for title, rows in sections:
+        for r in rows:
+            ratio = "baseline" if r["variant"] == r["baseline"] else f"{r['ratio_of_medians']:.2f}x"
+            lines.append(f"| {title} | {r['variant']} | {r['median_ms']:.0f} | {r['min_ms']:.0f}–{r['max_ms']:.0f} "
+                         f"| {ratio} |")
+    return "\n".join(lines)
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "platform": platform.platform()}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="12.6 MB, 3 rounds (smoke test, < 60 s)")
+    parser.add_argument("--rounds", type=int, default=None, help="measured rounds (default 11, quick 3)")
+    parser.add_argument("--width", type=int, default=None,
+                        help="Linear width; 4 layers x 3 copies (weights + 2 Adam moments) "
+                             "(default 1448 = 100.7 MB, quick 512 = 12.6 MB)")
+    parser.add_argument("--no-trainer", action="store_true", help="skip the Trainer.save_checkpoint comparison")
+    parser.add_argument("--dir", type=Path, default=RESULTS,
+                        help=f"where the scratch folder is made (same filesystem as the repo; default {RESULTS})")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results file (default {DEFAULT_OUT})")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    width = args.width or (512 if args.quick else 1448)
+    rounds = args.rounds or (3 if args.quick else 11)
+    obj = make_checkpoint(width)
+    size = tensor_bytes(obj)
+
+    args.dir.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="checkpoint-bench-", dir=args.dir))
+    started = time.perf_counter()
+    try:
+        save = summarize(measure_save(obj, workdir, rounds), "torch.save + fsync")
+        load = summarize(measure_load(obj, workdir, rounds), "torch.load(weights_only=True)")
+        sections = [("save", save), ("load", load)]
+        trainer_rows, trainer_bytes = None, None
+        if not args.no_trainer:
+            times, trainer_bytes = measure_trainer_save(width, workdir, rounds)
+            trainer_rows = summarize(times, "torch.save + fsync")
+            sections.append(("Trainer save", trainer_rows))
+        probe = workdir / "size.ckpt"
+        torch.save(obj, probe)
+        file_bytes = probe.stat().st_size
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    elapsed = time.perf_counter() - started
+
+    table = markdown_table(sections)
+    by_name = {r["variant"]: r for r in save + load}
+    headline = {
+        "save_ours_vs_durable": by_name["atomic_save (ours)"]["ratio_of_medians"],
+        "save_ours_vs_bare": by_name["atomic_save (ours)"]["median_ms"] / by_name["torch.save (bare)"]["median_ms"],
+        "durable_vs_bare": by_name["torch.save + fsync"]["median_ms"] / by_name["torch.save (bare)"]["median_ms"],
+        "load_ours_vs_torch_load": by_name["safe_load (ours)"]["ratio_of_medians"],
+        "save_target": 1.10,
+    }
+    headline["save_target_met"] = headline["save_ours_vs_durable"] <= headline["save_target"]
+    print(f"\n{size / 1e6:.1f} MB of tensors ({file_bytes / 1e6:.1f} MB file), {rounds} interleaved rounds, "
+          f"torch {torch.__version__}, {os.cpu_count()} logical CPUs, scratch dir under {args.dir}\n")
+    print(table)
+    print(f"\nsave: ours / durable baseline = {headline['save_ours_vs_durable']:.2f}x (target <= 1.10x: "
+          f"{'met' if headline['save_target_met'] else 'NOT met'}); ours / bare torch.save = "
+          f"{headline['save_ours_vs_bare']:.2f}x; durable / bare = {headline['durable_vs_bare']:.2f}x")
+    print(f"load: ours / torch.load = {headline['load_ours_vs_torch_load']:.2f}x")
+    print(f"benchmark took {elapsed:.1f} s")
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "config": {"width": width, "layers": 4, "rounds": rounds, "quick": args.quick, "tensor_bytes": size,
+                   "file_bytes": file_bytes, "trainer_tensor_bytes": trainer_bytes},
+        "machine": machine_info(),
+        "headline": headline,
+        "save": save,
+        "load": load,
+        "trainer_save": trainer_rows,
+        "elapsed_s": round(elapsed, 2),
+        "table": table,
+    }
+    args.out.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
