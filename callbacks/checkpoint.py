@@ -143,7 +143,7 @@ class ModelCheckpoint(Callback):
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: TrainModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if self.every_n_train_steps and trainer.global_step % self.every_n_train_steps == 0:
+        if self.every_n_train_steps and trainer.global_step and trainer.global_step % self.every_n_train_steps == 0:
             self._save(trainer)
         elif self.train_time_interval is not None:
             elapsed = time.monotonic() - self._last_time_save >= self.train_time_interval.total_seconds()

@@ -74,6 +74,14 @@ def remove_stale_temp_files(directory: str | Path) -> list[Path]:
     return removed
 
 
+def _cause(err: BaseException) -> str:
+    """A short cause, without torch's advice to retry with weights_only=False (we never do)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    kept = [line for line in lines if "weights_only" not in line and "documentation" not in line.lower()]
+    text = " ".join(kept)[:200] or type(err).__name__
+    return f"{type(err).__name__}: {text}"
+
+
 def safe_load(path: str | Path, map_location: str | torch.device | None = "cpu") -> dict[str, Any]:
     """Load a checkpoint with `weights_only=True`; every failure becomes a CheckpointLoadError."""
     path = Path(path)
@@ -87,14 +95,18 @@ def safe_load(path: str | Path, map_location: str | torch.device | None = "cpu")
         data = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
         found = re.search(r"GLOBAL (\S+)", str(err))
-        what = f"it references {found.group(1)}, which is not allowed" if found else str(err).splitlines()[0]
+        if found:
+            raise CheckpointLoadError(
+                f"checkpoint {path} was refused by the safe (weights-only) loader: it references {found.group(1)}, "
+                "which is not allowed. Only tensors and plain Python values may be stored in a checkpoint; it is "
+                "never loaded unsafely."
+            ) from err
         raise CheckpointLoadError(
-            f"checkpoint {path} was refused by the safe (weights-only) loader: {what}. Only tensors and plain "
-            "Python values may be stored in a checkpoint; it is never loaded unsafely."
+            f"checkpoint {path} is not a valid checkpoint (truncated or corrupted): {_cause(err)}"
         ) from err
     except (RuntimeError, EOFError, IndexError, ValueError, OSError, zipfile.BadZipFile, KeyError) as err:
         raise CheckpointLoadError(
-            f"checkpoint {path} is not a valid checkpoint (truncated or corrupted): {err}"
+            f"checkpoint {path} is not a valid checkpoint (truncated or corrupted): {_cause(err)}"
         ) from err
     if not isinstance(data, dict):
         raise CheckpointLoadError(f"checkpoint {path} holds a {type(data).__name__}, not a checkpoint dict.")

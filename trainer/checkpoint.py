@@ -3,6 +3,7 @@ that keep it loadable with `torch.load(weights_only=True)`."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,13 +26,13 @@ def check_weights_only_safe(value: Any, path: str = "checkpoint") -> None:
     """Raise CheckpointSaveError naming the key path of the first value torch.load(weights_only) refuses."""
     if isinstance(value, _PRIMITIVES):
         return
-    if isinstance(value, Mapping):
+    if type(value) in (dict, OrderedDict):  # subclasses (DictConfig, defaultdict) would be refused at load
         for key, item in value.items():
             if not isinstance(key, (str, int, float, bool, type(None))):
                 raise CheckpointSaveError(f"{path} has a key of type {type(key).__name__}; use str or int keys.")
             check_weights_only_safe(item, f"{path}[{key!r}]")
         return
-    if isinstance(value, (list, tuple, set)):
+    if type(value) in (list, tuple, set):
         for idx, item in enumerate(value):
             check_weights_only_safe(item, f"{path}[{idx}]")
         return
@@ -147,6 +148,7 @@ def restore_training_state(trainer: Trainer, checkpoint: Mapping[str, Any], path
     for cb in trainer.callbacks:
         if cb.state_key in states:
             cb.load_state_dict(states[cb.state_key])
+        cb.on_load_checkpoint(trainer, trainer.lightning_module, dict(checkpoint))
     if trainer.datamodule is not None and "datamodule" in checkpoint:
         trainer.datamodule.load_state_dict(checkpoint["datamodule"])
 

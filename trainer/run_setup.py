@@ -127,14 +127,25 @@ def _require(loaders: list[Any], fn: str, hook: str) -> None:
 
 
 def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | Path | None) -> Path | None:
-    """"last" → the newest checkpoint a ModelCheckpoint wrote (None, with a note, when there is none)."""
+    """"last" → the newest checkpoint of this run's ModelCheckpoint folders, including earlier
+    `version_N` folders of the same logger (a requeued job gets a new version); "best" → the
+    checkpoint callback's best_model_path. "last" with nothing saved yet starts fresh, with a note."""
     if ckpt_path is None:
         return None
+    if str(ckpt_path) == "best":
+        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+        if not best:
+            raise MisconfigurationError('ckpt_path="best" needs a ModelCheckpoint that has saved a checkpoint.')
+        return Path(best)
     if str(ckpt_path) != "last":
         return Path(ckpt_path)
     candidates: list[Path] = []
     for cb in trainer.checkpoint_callbacks:
         candidates.extend(cb.existing_checkpoints(trainer))
+    for logger in trainer.loggers:  # earlier versions of the same run folder
+        if logger.save_dir and logger.name:
+            pattern = f"{logger.name}/version_*/checkpoints/*.ckpt"
+            candidates.extend(p for p in Path(logger.save_dir).glob(pattern) if ".tmp-" not in p.name)
     if not candidates:
         rank_zero_info("ckpt_path='last' found no checkpoint; starting from scratch.")
         return None

@@ -62,6 +62,18 @@ def test_ckpt_path_last_without_checkpoints_starts_fresh(tmp_path: Path, capsys:
     assert again.global_step == 4
 
 
+def test_ckpt_path_last_finds_the_checkpoint_of_an_earlier_logger_version(tmp_path: Path):
+    pytest.importorskip("tensorboard")
+    flags = {**QUIET, "logger": True, "enable_checkpointing": True, "default_root_dir": tmp_path}
+    Trainer(max_epochs=1, limit_val_batches=0, **flags).fit(BoringModel())
+    requeued = Trainer(max_epochs=2, limit_val_batches=0, **flags)
+    requeued.fit(BoringModel(), ckpt_path="last")  # a new run gets version_1, but resumes from version_0
+    assert requeued.global_step == 16 and Path(requeued.log_dir).name == "version_1"
+    best = Trainer(max_epochs=3, limit_val_batches=0, **flags)
+    best.fit(BoringModel(), ckpt_path="last")
+    assert best.global_step == 24
+
+
 def test_atomic_save_keeps_the_old_file_when_the_writer_fails(tmp_path: Path):
     path = tmp_path / "c.ckpt"
     atomic_save({"v": 1}, path)
@@ -93,8 +105,27 @@ def test_damaged_files_give_a_checkpoint_load_error(tmp_path: Path, damage: str)
         "empty": b"", "one_byte": raw[:1], "half": raw[: len(raw) // 2], "all_but_last": raw[:-1],
         "random": os.urandom(4096), "gzip": gzip.compress(raw), "text": b"hello, world\n",
     }[damage])
-    with pytest.raises(CheckpointLoadError, match=str(bad)):
+    with pytest.raises(CheckpointLoadError, match=str(bad)) as info:
         Trainer(max_epochs=1, **QUIET).fit(BoringModel(), ckpt_path=bad)
+    message = str(info.value)
+    assert "is empty" in message or "not a valid checkpoint (truncated or corrupted)" in message
+    assert "will likely succeed" not in message
+
+
+def test_config_objects_in_hparams_fail_at_save_time(tmp_path: Path):
+    from collections import defaultdict
+
+    class Holder(BoringModel):
+        def __init__(self, config: Any) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+
+    model = Holder(config=defaultdict(int, {"lr": 1}))
+    trainer = Trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=0, **QUIET)
+    trainer.fit(model)
+    expected = r"checkpoint\['hparams'\]\['config'\] holds a collections.defaultdict"
+    with pytest.raises(CheckpointSaveError, match=expected):
+        trainer.save_checkpoint(tmp_path / "bad.ckpt")
 
 
 def test_missing_path_and_directory_give_clear_errors(tmp_path: Path):
