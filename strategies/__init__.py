@@ -10,6 +10,7 @@ from strategies.dp import DataParallelStrategy
 from strategies.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision, precision_from_flag
 from strategies.registry import STRATEGY_REGISTRY
 from strategies.single_device import SingleDeviceStrategy
+from strategies.zero import ZeroStrategy
 
 __all__ = [
     "DDPStrategy",
@@ -21,6 +22,7 @@ __all__ = [
     "Precision",
     "SingleDeviceStrategy",
     "Strategy",
+    "ZeroStrategy",
     "precision_from_flag",
     "rank_zero_only",
 ]

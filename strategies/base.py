@@ -159,9 +159,8 @@ class Strategy(ABC):
         """Return the optimizers to use (ZeRO-1 swaps in a sharded optimizer). Identity by default."""
         return optimizers
 
-    def teardown(self) -> None:
+    def teardown(self) -> None:  # noqa: B027 (the wrapped model is kept: save_checkpoint after fit needs it)
         """Release what setup acquired."""
-        self._model = None
 
     # --- the step -----------------------------------------------------------------------------
     def step(self, method: str, *args: Any) -> Any:
@@ -235,6 +234,10 @@ class Strategy(ABC):
         flag = torch.tensor(int(bool(decision)), device=self.root_device)
         total = int(self.all_reduce(flag, "sum").item())
         return total == self.world_size if all else total > 0
+
+    def accumulated_gradients(self) -> dict[str, Tensor] | None:
+        """This rank's gradient sum inside an open accumulation window, for checkpoints; None if it can't be read."""
+        return {name: p.grad.detach().clone() for name, p in self.module.named_parameters() if p.grad is not None}
 
     # --- checkpoint (collective: call on every rank) ----------------------------------------------
     def module_state_dict(self) -> dict[str, Any]:

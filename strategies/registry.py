@@ -53,9 +53,10 @@ def _build_default_registry() -> StrategyRegistry:
     from strategies.ddp import DDPStrategy
     from strategies.dp import DataParallelStrategy
     from strategies.single_device import SingleDeviceStrategy
+    from strategies.zero import ZeroStrategy
 
     registry = StrategyRegistry()
-    for cls in (SingleDeviceStrategy, DDPStrategy, DataParallelStrategy):
+    for cls in (SingleDeviceStrategy, DDPStrategy, DataParallelStrategy, ZeroStrategy):
         cls.register(registry)
     return registry
 

@@ -48,8 +48,16 @@ def capture_loop_state(trainer: Trainer) -> dict[str, Any]:
         "results": trainer._train_results.state_dict(),
     }
     if trainer._window_has_loss:  # inside a gradient-accumulation window: the partial sum is state too
-        state["grads"] = {name: p.grad.detach().clone() for name, p in trainer.strategy.module.named_parameters()
-                          if p.grad is not None}
+        grads = trainer.strategy.accumulated_gradients()
+        if grads is None:
+            rank_zero_warn(
+                f"checkpoint taken inside a gradient-accumulation window with {type(trainer.strategy).__name__}, "
+                "which cannot read the partial gradient sum: a resume from it restarts that window's gradients "
+                "from zero (not bit-exact). Save at optimizer-step boundaries (e.g. every_n_train_steps)."
+            )
+            state["window_has_loss"] = False
+        else:
+            state["grads"] = grads
     return state
 
 

@@ -339,6 +339,10 @@ class Trainer:
             raise ConfigError("accumulate_grad_batches > 1 is not supported with manual optimization; "
                               "accumulate in training_step instead.")
         self.optimizers = self.strategy.setup_optimizers(setup.optimizers)
+        for old, new in zip(setup.optimizers, self.optimizers, strict=True):
+            for config in setup.schedulers:  # a strategy may swap in its own optimizer (ZeRO-1)
+                if getattr(config.scheduler, "optimizer", None) is old and new is not old:
+                    config.scheduler.optimizer = new
         self.lr_scheduler_configs = setup.schedulers
         self._scheduler_stepper = SchedulerStepper(setup.schedulers)
         self._user_optimizers = [

@@ -1,0 +1,167 @@
+"""ZeRO by argument, on torch's own sharding: "zero1" shards optimizer state (DDP +
+ZeroRedundancyOptimizer); "zero2" also gradients and "zero3" also parameters (FSDP2 `fully_shard`,
+keeping or freeing the unsharded parameters after forward).
+
+Checkpoints hold full (consolidated) states in the standard layout, so a ZeRO checkpoint loads on
+a single device, and a single-device or DDP checkpoint loads into any ZeRO stage.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor
+from torch.optim import Optimizer
+
+from strategies.base import _StepRouter
+from strategies.ddp import DDPStrategy
+from strategies.exceptions import ConfigError
+from strategies.precision import Precision
+
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+_ROUTER_PREFIX = "module."  # the TrainModule sits at `module` inside the step router
+
+
+def zero_optimizer_kwargs(optimizer: Optimizer) -> dict[str, Any]:
+    """The optimizer's defaults that its constructor accepts (raw defaults break e.g. AdamW)."""
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    return {k: v for k, v in optimizer.defaults.items() if k in accepted and k != "params"}
+
+
+class ZeroStrategy(DDPStrategy):
+    """`ZeroStrategy(stage=1|2|3)`: data parallel with sharded optimizer state (1), gradients (2), parameters (3).
+
+    `shard_modules`: module classes to shard as units for stages 2 and 3 (e.g. your transformer
+    block); by default every submodule that owns parameters is a unit, then the root.
+    """
+
+    def __init__(self, stage: int = 1, devices: list[torch.device] | None = None, num_nodes: int = 1,
+                 precision: Precision | None = None, shard_modules: tuple[type[nn.Module], ...] = (),
+                 **ddp_kwargs: Any) -> None:
+        if stage not in (1, 2, 3):
+            raise ConfigError(f"ZeroStrategy(stage={stage!r}) is not valid: use 1, 2 or 3.")
+        super().__init__(devices=devices, num_nodes=num_nodes, precision=precision, **ddp_kwargs)
+        self.stage = stage
+        self.shard_modules = tuple(shard_modules)
+        name = self.precision.name
+        if name not in self.supported_precisions():
+            raise ConfigError(
+                f"precision={name!r} is not supported by zero{stage}; it supports: "
+                f"{', '.join(self.supported_precisions())}."
+            )
+
+    @classmethod
+    def register(cls, registry: Any) -> None:
+        for stage in (1, 2, 3):
+            registry.register(f"zero{stage}", cls, description=f"ZeRO stage {stage}", stage=stage)
+
+    def supported_precisions(self) -> tuple[str, ...]:
+        if self.stage == 1:
+            return super().supported_precisions()
+        return ("32-true", "bf16-mixed", "bf16-true")  # 16-mixed's GradScaler is untested with FSDP2: refused
+
+    # --- wrapping -----------------------------------------------------------------------------
+    def _wrap(self, router: _StepRouter) -> nn.Module:
+        if self.stage == 1:
+            return super()._wrap(router)
+        reshard = self.stage == 3
+        for module in router.module.modules():
+            if module is router.module:
+                continue
+            owns = any(True for _ in module.parameters(recurse=False))
+            if (self.shard_modules and isinstance(module, self.shard_modules)) or (not self.shard_modules and owns):
+                fully_shard(module, reshard_after_forward=reshard)
+        fully_shard(router, reshard_after_forward=reshard)
+        return router
+
+    def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
+        if self.stage != 1:
+            return optimizers  # built after fully_shard, so they already hold the sharded parameters
+        return [ZeroRedundancyOptimizer([dict(g) for g in opt.param_groups], optimizer_class=type(opt),
+                                        **zero_optimizer_kwargs(opt)) for opt in optimizers]
+
+    def no_backward_sync(self, enabled: bool) -> AbstractContextManager:
+        if self.stage == 1:
+            return super().no_backward_sync(enabled)
+        return self._fsdp_no_sync() if enabled else nullcontext()
+
+    @contextmanager
+    def _fsdp_no_sync(self) -> Iterator[None]:
+        model = self._model
+        assert isinstance(model, FSDPModule)
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+
+    def clip_gradients(self, optimizer: Optimizer, *, max_norm: float | None = None,
+                       max_value: float | None = None, norm_type: float = 2.0) -> torch.Tensor | None:
+        norm = super().clip_gradients(optimizer, max_norm=max_norm, max_value=max_value, norm_type=norm_type)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+    # --- checkpoints (full states, standard layout) ------------------------------------------------
+    def accumulated_gradients(self) -> dict[str, torch.Tensor] | None:
+        if self.stage == 1:
+            return super().accumulated_gradients()
+        return None  # FSDP2 keeps an unsynced window's gradients in its own unsharded buffers
+    def module_state_dict(self) -> dict[str, Any]:
+        if self.stage == 1:
+            return super().module_state_dict()
+        full = get_model_state_dict(self.model, options=_FULL)  # collective; with cpu_offload: rank 0 only
+        return {k.removeprefix(_ROUTER_PREFIX): v for k, v in full.items()}
+
+    def load_module_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> None:
+        if self.stage == 1:
+            return super().load_module_state_dict(state_dict, strict)
+        prefixed = {_ROUTER_PREFIX + k: v for k, v in state_dict.items()}
+        set_model_state_dict(self.model, prefixed, options=StateDictOptions(full_state_dict=True, strict=strict))
+        return None
+
+    def optimizer_state_dict(self, optimizer: Optimizer) -> dict[str, Any]:
+        if isinstance(optimizer, ZeroRedundancyOptimizer):
+            optimizer.consolidate_state_dict(to=0)  # collective; only rank 0 gets the full state
+            return optimizer.state_dict() if self.is_global_zero else {}
+        if self.stage == 1:
+            return super().optimizer_state_dict(optimizer)
+        by_name = get_optimizer_state_dict(self.model, optimizer, options=_FULL)  # collective
+        return self._names_to_indices(optimizer, by_name) if by_name else {}  # with cpu_offload: rank 0 only
+
+    def load_optimizer_state_dict(self, optimizer: Optimizer, state_dict: dict[str, Any]) -> None:
+        if self.stage in (2, 3):
+            by_name = self._indices_to_names(optimizer, state_dict)
+            set_optimizer_state_dict(self.model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
+            return
+        optimizer.load_state_dict(state_dict)
+
+    def _param_names(self, optimizer: Optimizer) -> list[str]:
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+    def _names_to_indices(self, optimizer: Optimizer, by_name: dict[str, Any]) -> dict[str, Any]:
+        """torch's full optimizer state is keyed by parameter name; checkpoints use indices (portable)."""
+        index = {n: i for i, n in enumerate(self._param_names(optimizer))}
+        groups = [{**g, "params": [index[n] for n in g["params"]]} for g in by_name["param_groups"]]
+        return {"state": {index[n]: s for n, s in by_name["state"].items()}, "param_groups": groups}
+
+    def _indices_to_names(self, optimizer: Optimizer, by_index: dict[str, Any]) -> dict[str, Any]:
+        names = self._param_names(optimizer)
+        groups = [{**g, "params": [names[i] for i in g["params"]]} for g in by_index["param_groups"]]
+        return {"state": {names[int(i)]: s for i, s in by_index["state"].items()}, "param_groups": groups}
+
+    def __repr__(self) -> str:
+        return f"ZeroStrategy(stage={self.stage}, devices={len(self.parallel_devices)}, num_nodes={self.num_nodes})"
