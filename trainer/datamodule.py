@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.module import AttributeDict, _default_hook
+from trainer.module import AttributeDict, DataHooks
 
 
-class DataModule:
+class DataModule(DataHooks):
     """Subclass and define the `*_dataloader` hooks you need; `setup(stage)` runs on every rank."""
 
     def __init__(self) -> None:
@@ -22,22 +22,6 @@ class DataModule:
 
     def teardown(self, stage: str) -> None:
         """Release what setup built."""
-
-    @_default_hook
-    def train_dataloader(self) -> Any:
-        return None
-
-    @_default_hook
-    def val_dataloader(self) -> Any:
-        return None
-
-    @_default_hook
-    def test_dataloader(self) -> Any:
-        return None
-
-    @_default_hook
-    def predict_dataloader(self) -> Any:
-        return None
 
     def state_dict(self) -> dict[str, Any]:
         """Extra state to save in checkpoints (primitives and tensors only)."""

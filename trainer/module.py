@@ -37,7 +37,28 @@ def _default_hook(fn: Any) -> Any:
     return fn
 
 
-class TrainModule(nn.Module):
+class DataHooks:
+    """The optional `*_dataloader()` hooks shared by TrainModule and DataModule; marked so the Trainer can
+    tell a hook the user defined from this default."""
+
+    @_default_hook
+    def train_dataloader(self) -> Any:
+        return None
+
+    @_default_hook
+    def val_dataloader(self) -> Any:
+        return None
+
+    @_default_hook
+    def test_dataloader(self) -> Any:
+        return None
+
+    @_default_hook
+    def predict_dataloader(self) -> Any:
+        return None
+
+
+class TrainModule(DataHooks, nn.Module):
     """Subclass this: define `training_step` and `configure_optimizers`, optionally the other hooks.
 
     Every hook below is a no-op here; the Trainer calls them in the order documented in trainer.hooks.
@@ -110,23 +131,6 @@ class TrainModule(nn.Module):
             f"{type(self).__name__} does not define configure_optimizers(); it must return an optimizer "
             "(or a list, a tuple (optimizers, schedulers), or a dict with 'optimizer' and 'lr_scheduler')."
         )
-
-    # --- data hooks (optional) ------------------------------------------------------------------
-    @_default_hook
-    def train_dataloader(self) -> Any:
-        return None
-
-    @_default_hook
-    def val_dataloader(self) -> Any:
-        return None
-
-    @_default_hook
-    def test_dataloader(self) -> Any:
-        return None
-
-    @_default_hook
-    def predict_dataloader(self) -> Any:
-        return None
 
     # --- lifecycle hooks (no-ops) --------------------------------------------------------------
     def setup(self, stage: str) -> None: ...

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -11,16 +10,6 @@ from typing import Any, TypeVar
 from strategies.distributed import rank_zero_only
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _rank_zero_method(fn: F) -> F:
-    @functools.wraps(fn)
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        if rank_zero_only.rank == 0:  # type: ignore[attr-defined]
-            return fn(*args, **kwargs)
-        return None
-
-    return wrapped  # type: ignore[return-value]
 
 
 def next_version(root: Path) -> int:
@@ -56,7 +45,7 @@ class Logger(ABC):
         super().__init_subclass__(**kwargs)
         for name in ("log_metrics", "log_hyperparams", "finalize", "save"):
             if name in cls.__dict__:
-                setattr(cls, name, _rank_zero_method(cls.__dict__[name]))
+                setattr(cls, name, rank_zero_only(cls.__dict__[name]))
 
     @property
     @abstractmethod
@@ -86,3 +75,31 @@ class Logger(ABC):
     def finalize(self, status: str) -> None:
         """The run ended ('success' or 'failed'); flush and close."""
         self.save()
+
+
+class VersionedFolderLogger(Logger):
+    """A logger writing under `save_dir/name/version_N` (N = next free one unless `version` is given)."""
+
+    def __init__(self, save_dir: str | Path, name: str, version: int | str | None = None) -> None:
+        self._save_dir = Path(save_dir)
+        self._name = name
+        self._version = version
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def version(self) -> int | str:
+        if self._version is None:
+            self._version = next_version(self._save_dir / self._name)
+        return self._version
+
+    @property
+    def save_dir(self) -> str:
+        return str(self._save_dir)
+
+    @property
+    def log_dir(self) -> str:
+        version = self.version if isinstance(self.version, str) else f"version_{self.version}"
+        return str(self._save_dir / self._name / version)

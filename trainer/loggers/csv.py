@@ -7,40 +7,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trainer.loggers.base import Logger, flatten_hparams, next_version
+from trainer.loggers.base import VersionedFolderLogger, flatten_hparams
 
 
-class CSVLogger(Logger):
+class CSVLogger(VersionedFolderLogger):
     """Writes `save_dir/name/version_N/metrics.csv` and `hparams.yaml` (plain text, no extra deps)."""
 
     def __init__(self, save_dir: str | Path, name: str = "csv_logs", version: int | str | None = None,
                  flush_logs_every_n_steps: int = 100) -> None:
-        self._save_dir = Path(save_dir)
-        self._name = name
-        self._version = version
+        super().__init__(save_dir, name, version)
         self.flush_every = flush_logs_every_n_steps
         self._rows: list[dict[str, Any]] = []
         self._columns: list[str] = []
         self._written = 0
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def version(self) -> int | str:
-        if self._version is None:
-            self._version = next_version(self._save_dir / self._name)
-        return self._version
-
-    @property
-    def save_dir(self) -> str:
-        return str(self._save_dir)
-
-    @property
-    def log_dir(self) -> str:
-        version = self.version if isinstance(self.version, str) else f"version_{self.version}"
-        return str(self._save_dir / self._name / version)
 
     @property
     def metrics_file(self) -> Path:

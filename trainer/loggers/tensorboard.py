@@ -6,39 +6,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trainer.loggers.base import Logger, flatten_hparams, next_version
+from trainer.loggers.base import VersionedFolderLogger, flatten_hparams
 
 
-class TensorBoardLogger(Logger):
+class TensorBoardLogger(VersionedFolderLogger):
     """Writes TensorBoard event files. `version=None` picks the next free `version_N`."""
 
     def __init__(self, save_dir: str | Path, name: str = "runs", version: int | str | None = None,
                  default_hp_metric: bool = False) -> None:
-        self._save_dir = Path(save_dir)
-        self._name = name
-        self._version = version
+        super().__init__(save_dir, name, version)
         self._experiment: Any = None
         self.default_hp_metric = default_hp_metric
         self.hparams: dict[str, Any] = {}
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def version(self) -> int | str:
-        if self._version is None:
-            self._version = next_version(self._save_dir / self._name)
-        return self._version
-
-    @property
-    def save_dir(self) -> str:
-        return str(self._save_dir)
-
-    @property
-    def log_dir(self) -> str:
-        version = self.version if isinstance(self.version, str) else f"version_{self.version}"
-        return str(self._save_dir / self._name / version)
 
     @property
     def experiment(self) -> Any:
