@@ -87,6 +87,7 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--strategy", default="auto", help='"auto", "single", "dp", "ddp", "zero1", ...')
     p.add_argument("--devices", default="1", help='a count, or "auto"')
+    p.add_argument("--num-nodes", type=int, default=1, help="machines; see docs/distributed.md")
     p.add_argument("--accelerator", default="auto", help='"auto", "cpu", "gpu", ...')
     p.add_argument("--precision", default="32-true", help='"32-true", "16-mixed", "bf16-mixed", ...')
     p.add_argument("--max-epochs", type=int, default=10)
@@ -107,7 +108,8 @@ def main() -> None:
     devices = int(args.devices) if args.devices.isdigit() else args.devices
     model, data = ConvNet(lr=args.lr), DigitsData(batch_size=args.batch_size)
     trainer = Trainer(
-        strategy=args.strategy, devices=devices, accelerator=args.accelerator, precision=args.precision,
+        strategy=args.strategy, devices=devices, num_nodes=args.num_nodes, accelerator=args.accelerator,
+        precision=args.precision,
         max_epochs=args.max_epochs, default_root_dir=args.root, enable_progress_bar=not args.no_progress_bar,
     )
     start = time.perf_counter()

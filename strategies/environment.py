@@ -100,6 +100,11 @@ def detect_environment(
             f"the {found.kind} environment has {source}={found.world_size}, but the Trainer was configured for "
             f"devices={devices_per_node} x num_nodes={num_nodes} = {expected} processes. Make them agree."
         )
+    if not 0 <= found.local_rank < devices_per_node:
+        raise ConfigError(
+            f"LOCAL_RANK={found.local_rank} in the {found.kind} environment, but devices={devices_per_node}: start "
+            f"as many processes per node as devices (e.g. torchrun --nproc_per_node {devices_per_node})."
+        )
     if not 0 <= found.global_rank < found.world_size:
         raise ConfigError(f"rank {found.global_rank} is outside [0, {found.world_size - 1}] in the {found.kind} env.")
     return found

@@ -25,6 +25,7 @@ class RankZeroResult:
     callback_metrics: dict[str, torch.Tensor]
     logged_metrics: dict[str, Any]
     callback_states: dict[str, dict[str, Any]] = field(default_factory=dict)
+    logger_versions: list[Any] = field(default_factory=list)
     status: str = "finished"
 
 
@@ -42,6 +43,7 @@ def pack_if_child(trainer: Trainer, result: Any) -> Any:
         callback_metrics={k: v.detach().cpu() for k, v in trainer.callback_metrics.items()},
         logged_metrics=trainer.logged_metrics,
         callback_states={cb.state_key: cb.state_dict() for cb in trainer.callbacks},
+        logger_versions=[getattr(logger, "_version", None) for logger in trainer.loggers],
         status=trainer.state.status.value,
     )
 
@@ -60,5 +62,8 @@ def adopt(trainer: Trainer, model: Any, out: Any) -> Any:
     for cb in trainer.callbacks:
         if cb.state_key in out.callback_states:
             cb.load_state_dict(out.callback_states[cb.state_key])
+    for logger, version in zip(trainer.loggers, out.logger_versions, strict=False):
+        if version is not None and hasattr(logger, "_version"):
+            logger._version = version  # log_dir names the folder the ranks wrote, not a fresh version
     trainer.state.status = TrainerStatus(out.status)
     return out.result

@@ -45,6 +45,11 @@ def test_world_size_mismatch_is_a_clear_error():
         detect_environment(2, 1, {"SLURM_NTASKS": "3", "SLURM_PROCID": "0"})
 
 
+def test_more_processes_per_node_than_devices_is_an_error():
+    with pytest.raises(ConfigError, match=r"LOCAL_RANK=5 in the torchrun environment, but devices=4"):
+        detect_environment(4, 8, {"RANK": "5", "WORLD_SIZE": "32", "LOCAL_RANK": "5"})
+
+
 def test_manual_multi_node_needs_its_variables():
     with pytest.raises(ConfigError, match=r"num_nodes=2 without a launcher needs the environment variables"):
         detect_environment(1, 2, {"MASTER_ADDR": "127.0.0.1"})
