@@ -22,7 +22,8 @@ def _isolate(tmp_path, monkeypatch):
     os.environ.update(env)
     rank_zero_only.rank = 0
     torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(deterministic)
+    if torch.are_deterministic_algorithms_enabled() != deterministic:  # the call imports torch._dynamo: skip it
+        torch.use_deterministic_algorithms(deterministic)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
         pytest.fail("a test left a torch.distributed process group running")
