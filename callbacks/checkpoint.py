@@ -7,6 +7,7 @@ writes; the save decision is agreed across ranks so no rank waits alone in a bar
 from __future__ import annotations
 
 import re
+import shutil
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -238,7 +239,11 @@ class ModelCheckpoint(Callback):
 
     def _remove(self, trainer: Trainer, path: str) -> None:
         if trainer.is_global_zero:
-            Path(path).unlink(missing_ok=True)
+            target = Path(path)
+            if target.is_dir():  # a sharded checkpoint folder
+                shutil.rmtree(target, ignore_errors=True)
+            else:
+                target.unlink(missing_ok=True)
 
     @property
     def best_score_tensor(self) -> torch.Tensor | None:

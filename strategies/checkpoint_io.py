@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import shutil
 import uuid
 import zipfile
 from collections.abc import Callable
@@ -68,9 +69,12 @@ def remove_stale_temp_files(directory: str | Path) -> list[Path]:
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    removed = [p for p in directory.iterdir() if TMP_MARKER in p.name and p.is_file()]
+    removed = [p for p in directory.iterdir() if TMP_MARKER in p.name]
     for p in removed:
-        p.unlink(missing_ok=True)
+        if p.is_dir():  # an uncommitted sharded checkpoint folder
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
     return removed
 
 

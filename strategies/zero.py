@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ from strategies.base import _StepRouter
 from strategies.ddp import DDPStrategy
 from strategies.exceptions import ConfigError
 from strategies.precision import Precision
+from strategies.sharded_checkpoint import ShardedRef, load_into, load_sharded, save_sharded
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 _ROUTER_PREFIX = "module."  # the TrainModule sits at `module` inside the step router
@@ -51,9 +53,12 @@ class ZeroStrategy(DDPStrategy):
 
     def __init__(self, stage: int = 1, devices: list[torch.device] | None = None, num_nodes: int = 1,
                  precision: Precision | None = None, shard_modules: tuple[type[nn.Module], ...] = (),
-                 **ddp_kwargs: Any) -> None:
+                 sharded_checkpoint: bool = False, **ddp_kwargs: Any) -> None:
         if stage not in (1, 2, 3):
             raise ConfigError(f"ZeroStrategy(stage={stage!r}) is not valid: use 1, 2 or 3.")
+        if sharded_checkpoint and stage == 1:
+            raise ConfigError("ZeroStrategy(sharded_checkpoint=True) needs stage 2 or 3 (FSDP2 sharded states).")
+        self.sharded_checkpoint = sharded_checkpoint
         super().__init__(devices=devices, num_nodes=num_nodes, precision=precision, **ddp_kwargs)
         self.stage = stage
         self.shard_modules = tuple(shard_modules)
@@ -122,10 +127,18 @@ class ZeroStrategy(DDPStrategy):
     def module_state_dict(self) -> dict[str, Any]:
         if self.stage == 1:
             return super().module_state_dict()
+        if self.sharded_checkpoint:  # each rank keeps its own shards (DTensors); written by DCP
+            return {k.removeprefix(_ROUTER_PREFIX): v for k, v in get_model_state_dict(self.model).items()}
         full = get_model_state_dict(self.model, options=_FULL)  # collective; with cpu_offload: rank 0 only
         return {k.removeprefix(_ROUTER_PREFIX): v for k, v in full.items()}
 
-    def load_module_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> None:
+    def load_module_state_dict(self, state_dict: Any, strict: bool = True) -> None:
+        if isinstance(state_dict, ShardedRef):
+            target = {k.removeprefix(_ROUTER_PREFIX): v for k, v in get_model_state_dict(self.model).items()}
+            load_into(state_dict.folder, "model", target)
+            set_model_state_dict(self.model, {_ROUTER_PREFIX + k: v for k, v in target.items()},
+                                 options=StateDictOptions(strict=strict))
+            return None
         if self.stage == 1:
             return super().load_module_state_dict(state_dict, strict)
         prefixed = {_ROUTER_PREFIX + k: v for k, v in state_dict.items()}
@@ -138,15 +151,33 @@ class ZeroStrategy(DDPStrategy):
             return optimizer.state_dict() if self.is_global_zero else {}
         if self.stage == 1:
             return super().optimizer_state_dict(optimizer)
+        if self.sharded_checkpoint:
+            return get_optimizer_state_dict(self.model, optimizer)
         by_name = get_optimizer_state_dict(self.model, optimizer, options=_FULL)  # collective
         return self._names_to_indices(optimizer, by_name) if by_name else {}  # with cpu_offload: rank 0 only
 
-    def load_optimizer_state_dict(self, optimizer: Optimizer, state_dict: dict[str, Any]) -> None:
+    def load_optimizer_state_dict(self, optimizer: Optimizer, state_dict: Any) -> None:
+        if isinstance(state_dict, ShardedRef):
+            target = get_optimizer_state_dict(self.model, optimizer)
+            load_into(state_dict.folder, state_dict.key, target)
+            set_optimizer_state_dict(self.model, optimizer, target)
+            return
         if self.stage in (2, 3):
             by_name = self._indices_to_names(optimizer, state_dict)
             set_optimizer_state_dict(self.model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
             return
         optimizer.load_state_dict(state_dict)
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path) -> None:
+        if self.sharded_checkpoint:
+            save_sharded(self, checkpoint, path)
+        else:
+            super().save_checkpoint(checkpoint, path)
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        if self.stage != 1 and Path(path).is_dir():
+            return load_sharded(self, path)
+        return super().load_checkpoint(path)
 
     def _param_names(self, optimizer: Optimizer) -> list[str]:
         names = {id(p): n for n, p in self.model.named_parameters()}

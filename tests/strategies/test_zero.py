@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ class Net(TrainModule):
                                                    "interval": "step"}}
 
 
-def _fit(strategy: str, optimizer: str, callbacks: list | None = None, ckpt: str | None = None,
+def _fit(strategy: Any, optimizer: str, callbacks: list | None = None, ckpt: str | None = None,
          max_steps: int = 20) -> tuple[dict[str, torch.Tensor], list[torch.Tensor], Trainer]:
     seed_everything(0)
     model = Net(optimizer)
@@ -135,3 +136,69 @@ def test_zero3_checkpoint_loads_on_one_device_and_in_a_zero1_run(tmp_path: Path)
         for index, tensors in saved_opt.items():
             for name, tensor in tensors.items():
                 assert torch.equal(loaded[index][name], tensor), (index, name)
+
+
+def _sharded(stage: int = 3) -> ZeroStrategy:
+    return ZeroStrategy(stage=stage, sharded_checkpoint=True)
+
+
+def _sharded_resume_rank(rank: int, folder: str) -> tuple[list, list, dict, dict, list[str]]:
+    path = Path(folder) / "sharded.ckpt"
+    reference, ref_losses, _ = _fit(_sharded(), "adamw")
+    _, first, _ = _fit(_sharded(), "adamw", callbacks=[SaveAndStop(14, path)])
+    names = sorted(p.name for p in path.iterdir())
+    resumed, second, _ = _fit(_sharded(), "adamw", ckpt=str(path))
+    return ref_losses, first + second, reference, resumed, names
+
+
+def test_sharded_checkpoint_folder_resumes_bit_exactly(tmp_path: Path):
+    for ref_losses, losses, reference, resumed, names in run_distributed(_sharded_resume_rank, str(tmp_path),
+                                                                         timeout=150):
+        assert names == [".metadata", "__0_0.distcp", "__1_0.distcp", "manifest.pt"]
+        assert all(torch.equal(a, b) for a, b in zip(losses, ref_losses, strict=True)) and len(losses) == 40
+        for key, value in reference.items():
+            assert torch.equal(resumed[key], value), key
+
+
+def _broken_load_rank(rank: int, folder: str) -> str:
+    try:
+        _fit(_sharded(), "adamw", ckpt=folder)
+    except Exception as err:  # noqa: BLE001 - the test inspects the message each rank got
+        return f"{type(err).__name__}: {err}"
+    return "loaded"
+
+
+def _save_sharded_rank(rank: int, folder: str) -> dict[str, torch.Tensor]:
+    state, _, trainer = _fit(_sharded(), "adamw", max_steps=4)
+    trainer.save_checkpoint(Path(folder) / "good.ckpt")
+    return state
+
+
+def _load_one_rank(rank: int, folder: str) -> dict[str, torch.Tensor]:
+    seed_everything(3)
+    model = Net("adamw")
+    trainer = Trainer(max_steps=4, **{**QUIET, "devices": 1, "strategy": _sharded()})
+    trainer.fit(model, DataLoader(regression_data(n=160), batch_size=8), ckpt_path=folder)  # nothing trains
+    return {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
+
+
+def test_sharded_folder_from_two_ranks_loads_at_world_size_one(tmp_path: Path):
+    saved, _ = run_distributed(_save_sharded_rank, str(tmp_path), timeout=150)
+    (loaded,) = run_distributed(_load_one_rank, str(tmp_path / "good.ckpt"), world_size=1, timeout=150)
+    for key, value in saved.items():
+        assert torch.equal(loaded[key], value), key
+
+
+def test_damaged_sharded_folders_fail_on_every_rank_without_hanging(tmp_path: Path):
+    run_distributed(_save_sharded_rank, str(tmp_path), timeout=150)
+    good = tmp_path / "good.ckpt"
+    no_manifest, missing_shard, foreign = (tmp_path / n for n in ("no_manifest", "missing_shard", "foreign"))
+    for target in (no_manifest, missing_shard, foreign):
+        shutil.copytree(good, target)
+    (no_manifest / "manifest.pt").unlink()
+    (missing_shard / "__1_0.distcp").unlink()
+    (foreign / ".metadata").write_bytes(b"not ours")  # would be unpickled by DCP without the sha256 check
+    for folder, message in ((no_manifest, "has no manifest.pt"), (missing_shard, "missing the shard file __1_0"),
+                            (foreign, ".metadata does not match the sha256")):
+        for result in run_distributed(_broken_load_rank, str(folder), timeout=60):
+            assert result.startswith("CheckpointLoadError") and message in result, result

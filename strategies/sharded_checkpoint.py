@@ -1,0 +1,100 @@
+"""Sharded checkpoint folders for ZeRO-2/3: every rank writes its own shard with
+torch.distributed.checkpoint (DCP), and rank 0 writes our manifest last, as the commit marker.
+
+A folder is a checkpoint only if it has our manifest, and every file the manifest lists has the
+recorded sha256. That check runs before DCP reads anything, because DCP reads `.metadata` with
+pickle: a foreign or tampered folder is refused without unpickling it. Ranks agree on the verdict
+through one all-reduce, so no rank proceeds (or hangs) alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch.distributed.checkpoint as dcp
+
+from strategies.checkpoint_io import TMP_MARKER, atomic_save, safe_load
+from strategies.exceptions import CheckpointLoadError
+
+MANIFEST = "manifest.pt"
+SHARDED_KEYS = ("state_dict", "optimizer_states")
+
+
+@dataclass(frozen=True)
+class ShardedRef:
+    """Stands in a loaded checkpoint dict for tensors that stay in the folder until loaded into place."""
+
+    folder: Path
+    key: str
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def save_sharded(strategy: Any, checkpoint: dict[str, Any], path: str | Path) -> None:
+    """Collective. Shards go to a temp folder; rank 0 adds the manifest last, then renames the folder."""
+    folder = Path(path)
+    token = strategy.broadcast(uuid.uuid4().hex[:8])
+    tmp = folder.with_name(f"{folder.name}{TMP_MARKER}{token}")
+    payload = {"model": checkpoint["state_dict"],
+               "optim": {str(i): state for i, state in enumerate(checkpoint["optimizer_states"])}}
+    dcp.save(payload, checkpoint_id=str(tmp))
+    strategy.barrier("sharded_checkpoint_written")
+    if strategy.is_global_zero:
+        files = {p.name: _sha256(p) for p in sorted(tmp.iterdir())}
+        rest = {k: v for k, v in checkpoint.items() if k not in SHARDED_KEYS}
+        rest["optimizer_count"] = len(checkpoint["optimizer_states"])
+        atomic_save({**rest, "sharded_files": files}, tmp / MANIFEST)  # the commit marker, written last
+        trash = folder.with_name(f"{folder.name}{TMP_MARKER}old-{token}")
+        if folder.exists():
+            os.replace(folder, trash)
+        os.replace(tmp, folder)
+        shutil.rmtree(trash, ignore_errors=True)
+    strategy.barrier("sharded_checkpoint_committed")
+
+
+def _verify(folder: Path) -> tuple[dict[str, Any] | None, str]:
+    manifest_path = folder / MANIFEST
+    if not manifest_path.is_file():
+        return None, (f"{folder} has no {MANIFEST}: it is not a committed checkpoint of this trainer "
+                      "(or its save was cut short)")
+    try:
+        manifest = safe_load(manifest_path)
+    except CheckpointLoadError as err:
+        return None, str(err)
+    for name, digest in manifest.get("sharded_files", {}).items():
+        file = folder / name
+        if not file.is_file():
+            return None, f"{folder} is missing the shard file {name}"
+        if _sha256(file) != digest:
+            return None, f"{folder}: {name} does not match the sha256 in its manifest (changed or damaged)"
+    return manifest, ""
+
+
+def load_sharded(strategy: Any, path: str | Path) -> dict[str, Any]:
+    """Verify the folder on every rank, agree, then return the manifest with ShardedRefs for the tensors."""
+    folder = Path(path)
+    manifest, problem = _verify(folder)
+    if not strategy.reduce_boolean_decision(manifest is not None, all=True):
+        raise CheckpointLoadError(problem or f"{folder}: another rank found this sharded checkpoint invalid.")
+    assert manifest is not None
+    manifest.pop("sharded_files", None)
+    count = int(manifest.get("optimizer_count", 1))
+    return {**manifest, "state_dict": ShardedRef(folder, "model"),
+            "optimizer_states": [ShardedRef(folder, str(i)) for i in range(count)]}
+
+
+def load_into(folder: Path, key: str, target: dict[str, Any]) -> None:
+    """Fill `target` (a sharded state dict of the live model or optimizer) in place from the folder."""
+    dcp.load({key: target} if key == "model" else {"optim": {key: target}}, checkpoint_id=str(folder))
