@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.utils.data import DataLoader, Dataset
 
 from strategies import DDPStrategy
@@ -220,3 +221,34 @@ def test_one_unchanged_module_runs_single_ddp_and_ddp_spawn():
     for key in single:
         torch.testing.assert_close(ddp[key], single[key], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(spawn[key], single[key], rtol=1e-5, atol=1e-6)
+
+
+class CountsGradientSyncs(BoringModel):
+    """Registers a DDP comm hook that counts all-reduces, to see that accumulation skips them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.syncs_per_batch: list[int] = []
+        self._count = 0
+
+    def on_train_start(self) -> None:
+        def hook(state, bucket):  # noqa: ANN001, ANN202 (DDP checks the annotations: leave them out)
+            self._count += 1
+            return allreduce_hook(None, bucket)
+
+        self.trainer.strategy.model.register_comm_hook(None, hook)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.syncs_per_batch.append(self._count)
+        self._count = 0
+
+
+def _sync_count_rank(rank: int) -> list[int]:
+    model = CountsGradientSyncs()
+    Trainer(max_epochs=1, limit_train_batches=4, accumulate_grad_batches=2, limit_val_batches=0, **DDP).fit(model)
+    return model.syncs_per_batch
+
+
+def test_no_gradient_all_reduce_inside_an_accumulation_window():
+    for syncs in run_distributed(_sync_count_rank):
+        assert syncs[0] == syncs[2] == 0 and syncs[1] > 0 and syncs[3] > 0, syncs
