@@ -92,7 +92,9 @@ def safe_load(path: str | Path, map_location: str | torch.device | None = "cpu")
     if not path.exists():
         raise CheckpointLoadError(f"checkpoint {path} does not exist. Check the path (or use ckpt_path='last').")
     if path.is_dir():
-        raise CheckpointLoadError(f"checkpoint {path} is a directory, but a checkpoint file was expected.")
+        hint = (" It is a sharded ZeRO checkpoint folder: load it with strategy='zero2' or 'zero3' (any number "
+                "of processes).") if (path / "manifest.pt").is_file() else ""
+        raise CheckpointLoadError(f"checkpoint {path} is a directory, but a checkpoint file was expected.{hint}")
     if path.stat().st_size == 0:
         raise CheckpointLoadError(f"checkpoint {path} is empty (0 bytes): it is truncated or was never written.")
     try:

@@ -2,8 +2,10 @@
 ZeroRedundancyOptimizer); "zero2" also gradients and "zero3" also parameters (FSDP2 `fully_shard`,
 keeping or freeing the unsharded parameters after forward).
 
-Checkpoints hold full (consolidated) states in the standard layout, so a ZeRO checkpoint loads on
-a single device, and a single-device or DDP checkpoint loads into any ZeRO stage.
+By default checkpoints hold full (consolidated) states in the standard layout, so a ZeRO checkpoint
+loads on a single device, and a single-device or DDP checkpoint loads into any ZeRO stage. With
+`sharded_checkpoint=True` (stages 2/3) every rank writes its shards into a checkpoint folder
+(strategies/sharded_checkpoint.py), which loads into stage 2/3 at any world size.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
@@ -59,6 +61,9 @@ class ZeroStrategy(DDPStrategy):
         if sharded_checkpoint and stage == 1:
             raise ConfigError("ZeroStrategy(sharded_checkpoint=True) needs stage 2 or 3 (FSDP2 sharded states).")
         self.sharded_checkpoint = sharded_checkpoint
+        unused = sorted(set(ddp_kwargs) - {"process_group_backend", "timeout", "start_method"})
+        if stage in (2, 3) and unused:
+            raise ConfigError(f"ZeroStrategy(stage={stage}) does not use DDP options {unused}; remove them.")
         super().__init__(devices=devices, num_nodes=num_nodes, precision=precision, **ddp_kwargs)
         self.stage = stage
         self.shard_modules = tuple(shard_modules)
@@ -84,14 +89,21 @@ class ZeroStrategy(DDPStrategy):
         if self.stage == 1:
             return super()._wrap(router)
         reshard = self.stage == 3
+        policy = self._mixed_precision_policy()
         for module in router.module.modules():
             if module is router.module:
                 continue
             owns = any(True for _ in module.parameters(recurse=False))
             if (self.shard_modules and isinstance(module, self.shard_modules)) or (not self.shard_modules and owns):
-                fully_shard(module, reshard_after_forward=reshard)
-        fully_shard(router, reshard_after_forward=reshard)
+                fully_shard(module, reshard_after_forward=reshard, mp_policy=policy)
+        fully_shard(router, reshard_after_forward=reshard, mp_policy=policy)
         return router
+
+    def _mixed_precision_policy(self) -> MixedPrecisionPolicy:
+        """bf16-mixed: FSDP2 gathers parameters in bf16 and reduces gradients in fp32 (autocast still runs)."""
+        if self.precision.name.endswith("-mixed") and self.precision.param_dtype is not None:
+            return MixedPrecisionPolicy(param_dtype=self.precision.param_dtype, reduce_dtype=torch.float32)
+        return MixedPrecisionPolicy()
 
     def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
         if self.stage != 1:

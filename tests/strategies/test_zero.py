@@ -92,12 +92,34 @@ def test_each_stage_resumes_bit_exactly(tmp_path: Path, stage: str):
             assert torch.equal(resumed[key], value), key
 
 
+class RecordsComputeDtype(Net):
+    def __init__(self) -> None:
+        super().__init__("adamw")
+        self.dtypes: set[torch.dtype] = set()
+        self.net[0].register_forward_pre_hook(lambda module, args: self.dtypes.add(module.weight.dtype))
+
+
+def _bf16_zero3_rank(rank: int) -> tuple[set[torch.dtype], torch.dtype, bool]:
+    model = RecordsComputeDtype()
+    Trainer(max_steps=3, **{**QUIET, "devices": 2, "strategy": "zero3", "precision": "bf16-mixed"}).fit(
+        model, DataLoader(regression_data(n=64), batch_size=4))
+    weight = model.net[0].weight
+    return model.dtypes, weight.dtype, bool(torch.isfinite(model.losses[-1]))
+
+
+def test_bf16_mixed_under_zero3_gathers_bf16_parameters_and_keeps_fp32_shards():
+    for dtypes, stored, finite in run_distributed(_bf16_zero3_rank):
+        assert dtypes == {torch.bfloat16} and stored == torch.float32 and finite
+
+
 def test_zero_flags_and_errors():
     assert isinstance(Trainer(strategy="zero3", accelerator="cpu", devices=2).strategy, ZeroStrategy)
     with pytest.raises(ConfigError, match=r"precision='16-mixed' is not supported by zero3"):
         Trainer(strategy="zero3", accelerator="cpu", devices=2, precision="16-mixed")
     with pytest.raises(ConfigError, match=r"stage=4"):
         ZeroStrategy(stage=4)
+    with pytest.raises(ConfigError, match=r"does not use DDP options \['find_unused_parameters'\]"):
+        ZeroStrategy(stage=3, find_unused_parameters=True)
     opt = torch.optim.AdamW([nn.Parameter(torch.zeros(1))], lr=0.1)
     assert "lr" in zero_optimizer_kwargs(opt) and "differentiable" in zero_optimizer_kwargs(opt)
 
