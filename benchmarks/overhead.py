@@ -5,13 +5,15 @@ Python bookkeeping is a visible fraction of the step, not drowned out by the mat
 same process, on the same data and the same DataLoader setup, in interleaved rounds with a rotated order,
 so drift in machine speed (thermal, neighbours, turbo) hits all variants alike.
 
-Per-step time: each variant records `time.perf_counter()` once per batch, after the optimizer step (raw loop:
-in the loop; Trainer and Lightning: a callback's `on_train_batch_end`). We take the intervals between
-consecutive stamps, drop the first `--warmup-steps` of each run, and report the median. The ratio to raw is
-the median over rounds of the paired ratio (variant / raw in the same round). Whole-fit wall time covers
-optimizer creation + the loop for raw, and `Trainer(...)` + `fit()` for the frameworks.
+Per-step time: each variant stamps the clock once per batch, after the optimizer step (raw loop: in the loop;
+Trainer and Lightning: a callback's `on_train_batch_end`), through the same `StepClock.tick`. We take the
+intervals between consecutive stamps, drop the first `warmup_steps` of each run, and report the median. The
+ratio to raw is the median over rounds of the paired ratio (variant / raw in the same round). Wall time
+(`perf_counter`) is the headline; per-thread CPU time (`thread_time`) is reported beside it because on a small
+shared machine other processes steal the CPU mid-step, which inflates wall time but not CPU time. Whole-fit
+wall time covers optimizer creation + the loop for raw, and `Trainer(...)` + `fit()` for the frameworks.
 
-    .venv/bin/python benchmarks/overhead.py            # full run (about a minute)
+    .venv/bin/python benchmarks/overhead.py            # full run (1–2 minutes on an idle machine)
     .venv/bin/python benchmarks/overhead.py --quick    # smoke run (< 60 s)
 """
 
@@ -25,6 +27,7 @@ import logging
 import os
 import platform
 import statistics
+import subprocess
 import time
 import warnings
 from collections.abc import Callable
@@ -69,17 +72,35 @@ class Config:
     lr: float = 0.01
 
 
+class StepClock:
+    """Per-step stamps of wall and thread CPU time; every variant calls `tick` once per batch, so all pay alike."""
+
+    def __init__(self) -> None:
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+
+    def tick(self) -> None:
+        self.wall.append(time.perf_counter())
+        self.cpu.append(time.thread_time())
+
+
+def steady_intervals(stamps: list[float], warmup_steps: int) -> list[float]:
+    """Step intervals in seconds, without the first `warmup_steps` (allocator, caches, first batches)."""
+    return [b - a for a, b in zip(stamps, stamps[1:], strict=False)][warmup_steps:]
+
+
 @dataclass
 class Run:
-    """One fit of one variant: per-step timestamps and the whole-fit wall time."""
+    """One fit of one variant: per-step stamps and the whole-fit wall time."""
 
-    stamps: list[float]
+    clock: StepClock
     fit_s: float
 
-    def steady_intervals(self, warmup_steps: int) -> list[float]:
-        """Step intervals in seconds, without the first `warmup_steps` (allocator, caches, first batches)."""
-        deltas = [b - a for a, b in zip(self.stamps, self.stamps[1:], strict=False)]
-        return deltas[warmup_steps:]
+    def wall_intervals(self, warmup_steps: int) -> list[float]:
+        return steady_intervals(self.clock.wall, warmup_steps)
+
+    def cpu_intervals(self, warmup_steps: int) -> list[float]:
+        return steady_intervals(self.clock.cpu, warmup_steps)
 
 
 @dataclass
@@ -90,11 +111,15 @@ class VariantResult:
     label: str
     median_us: float
     mean_us: float
-    round_median_us: list[float]
     step_ratio: float
+    step_ratio_iqr: tuple[float, float]
+    cpu_median_us: float
+    cpu_step_ratio: float
     fit_s: float
     fit_ratio: float
+    round_median_us: list[float] = field(default_factory=list)
     round_step_ratios: list[float] = field(default_factory=list)
+    round_cpu_step_ratios: list[float] = field(default_factory=list)
     target: float | None = None
 
 
@@ -124,8 +149,7 @@ def make_loader(dataset: TensorDataset, cfg: Config) -> DataLoader:
 # --- variants --------------------------------------------------------------------------------------------
 def run_raw(dataset: TensorDataset, cfg: Config) -> Run:
     """The baseline: the loop a user would write by hand, with the same per-step stamp the others pay."""
-    model, loader = make_mlp(cfg.seed), make_loader(dataset, cfg)
-    stamps: list[float] = []
+    model, loader, clock = make_mlp(cfg.seed), make_loader(dataset, cfg), StepClock()
     start = time.perf_counter()
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
     model.train()
@@ -135,8 +159,8 @@ def run_raw(dataset: TensorDataset, cfg: Config) -> Run:
             opt.zero_grad()
             loss.backward()
             opt.step()
-            stamps.append(time.perf_counter())
-    return Run(stamps, time.perf_counter() - start)
+            clock.tick()
+    return Run(clock, time.perf_counter() - start)
 
 
 class OursModule(TrainModule):
@@ -163,10 +187,10 @@ class OursStepTimer(Callback):
     """Stamps the end of every training batch (after the optimizer step)."""
 
     def __init__(self) -> None:
-        self.stamps: list[float] = []
+        self.clock = StepClock()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.stamps.append(time.perf_counter())
+        self.clock.tick()
 
 
 # Flags shared by our Trainer and Lightning's: nothing but the loop itself.
@@ -182,7 +206,7 @@ def run_ours(dataset: TensorDataset, cfg: Config, log_every_step: bool) -> Run:
     start = time.perf_counter()
     trainer = Trainer(max_epochs=cfg.epochs, callbacks=[timer], **TRAINER_FLAGS)
     trainer.fit(module, train_dataloaders=loader)
-    return Run(timer.stamps, time.perf_counter() - start)
+    return Run(timer.clock, time.perf_counter() - start)
 
 
 def lightning_runner() -> Callable[[TensorDataset, Config, bool], Run] | None:
@@ -213,17 +237,17 @@ def lightning_runner() -> Callable[[TensorDataset, Config, bool], Run] | None:
 
     class LitStepTimer(pl.Callback):
         def __init__(self) -> None:
-            self.stamps: list[float] = []
+            self.clock = StepClock()
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-            self.stamps.append(time.perf_counter())
+            self.clock.tick()
 
     def run(dataset: TensorDataset, cfg: Config, log_every_step: bool) -> Run:
         module, loader, timer = LitModule(cfg.seed, cfg.lr, log_every_step), make_loader(dataset, cfg), LitStepTimer()
         start = time.perf_counter()
         trainer = pl.Trainer(max_epochs=cfg.epochs, callbacks=[timer], **TRAINER_FLAGS)
         trainer.fit(module, train_dataloaders=loader)
-        return Run(timer.stamps, time.perf_counter() - start)
+        return Run(timer.clock, time.perf_counter() - start)
 
     return run
 
@@ -254,8 +278,10 @@ def measure(cfg: Config, variants: dict[str, Callable[[TensorDataset, Config], R
         for name in names[shift:] + names[:shift]:
             gc.collect()
             run = variants[name](dataset, cfg)
-            if len(run.stamps) != expected:
-                raise RuntimeError(f"{name}: {len(run.stamps)} steps recorded, expected {expected}")
+            if len(run.clock.wall) != expected:
+                raise RuntimeError(f"{name}: {len(run.clock.wall)} steps recorded, expected {expected}")
+            if torch.get_num_threads() != 1:  # a framework that changed it would be timed on other terms
+                raise RuntimeError(f"{name} changed torch's thread count to {torch.get_num_threads()}")
             if rnd >= 0:
                 runs[name].append(run)
     return runs
@@ -263,46 +289,65 @@ def measure(cfg: Config, variants: dict[str, Callable[[TensorDataset, Config], R
 
 def summarize(cfg: Config, runs: dict[str, list[Run]]) -> list[VariantResult]:
     """Medians of steady-state step intervals, and ratios paired per round against the raw loop."""
-    raw_round = [statistics.median(r.steady_intervals(cfg.warmup_steps)) for r in runs["raw"]]
+    w = cfg.warmup_steps
+    raw_wall = [statistics.median(r.wall_intervals(w)) for r in runs["raw"]]
+    raw_cpu = [statistics.median(r.cpu_intervals(w)) for r in runs["raw"]]
     raw_fit = [r.fit_s for r in runs["raw"]]
     out: list[VariantResult] = []
     for name, variant_runs in runs.items():
-        pooled = [d for r in variant_runs for d in r.steady_intervals(cfg.warmup_steps)]
-        round_med = [statistics.median(r.steady_intervals(cfg.warmup_steps)) for r in variant_runs]
-        step_ratios = [v / b for v, b in zip(round_med, raw_round, strict=True)]
+        pooled = [d for r in variant_runs for d in r.wall_intervals(w)]
+        pooled_cpu = [d for r in variant_runs for d in r.cpu_intervals(w)]
+        wall = [statistics.median(r.wall_intervals(w)) for r in variant_runs]
+        cpu = [statistics.median(r.cpu_intervals(w)) for r in variant_runs]
+        step_ratios = [v / b for v, b in zip(wall, raw_wall, strict=True)]
+        cpu_ratios = [v / b for v, b in zip(cpu, raw_cpu, strict=True)]
         fit_ratios = [r.fit_s / b for r, b in zip(variant_runs, raw_fit, strict=True)]
         out.append(VariantResult(
             name=name,
             label=LABELS[name],
             median_us=statistics.median(pooled) * 1e6,
             mean_us=statistics.fmean(pooled) * 1e6,
-            round_median_us=[round(m * 1e6, 1) for m in round_med],
             step_ratio=statistics.median(step_ratios),
+            step_ratio_iqr=quartiles(step_ratios),
+            cpu_median_us=statistics.median(pooled_cpu) * 1e6,
+            cpu_step_ratio=statistics.median(cpu_ratios),
             fit_s=statistics.median(r.fit_s for r in variant_runs),
             fit_ratio=statistics.median(fit_ratios),
+            round_median_us=[round(m * 1e6, 1) for m in wall],
             round_step_ratios=[round(x, 4) for x in step_ratios],
+            round_cpu_step_ratios=[round(x, 4) for x in cpu_ratios],
             target=TARGETS.get(name),
         ))
     return out
 
 
+def quartiles(values: list[float]) -> tuple[float, float]:
+    """First and third quartile: how far apart rounds landed (the noise band of the ratio)."""
+    if len(values) < 2:
+        return values[0], values[0]
+    q = statistics.quantiles(values, n=4)
+    return round(q[0], 4), round(q[2], 4)
+
+
 def markdown_table(results: list[VariantResult]) -> str:
     """The table printed to stdout and pasted into docs/benchmarks.md."""
     lines = [
-        "| variant | median µs/step | vs raw (step) | mean µs/step | fit wall s | vs raw (fit) | target |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "| variant | wall µs/step | vs raw | vs raw, IQR over rounds | CPU µs/step | vs raw (CPU) "
+        "| fit wall s | vs raw (fit) | target |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in results:
         if r.target is not None:
             verdict = "met" if r.step_ratio <= r.target else "missed"
             target = f"≤ {r.target:.2f}x ({verdict})"
         elif r.name in LIGHTNING_REFERENCE:
-            target = f"reference {LIGHTNING_REFERENCE[r.name]:.2f}x"
+            target = f"earlier: {LIGHTNING_REFERENCE[r.name]:.2f}x"
         else:
             target = ""
+        lo, hi = r.step_ratio_iqr
         lines.append(
-            f"| {r.label} | {r.median_us:.0f} | {r.step_ratio:.3f}x | {r.mean_us:.0f} | {r.fit_s:.3f} "
-            f"| {r.fit_ratio:.3f}x | {target} |"
+            f"| {r.label} | {r.median_us:.0f} | {r.step_ratio:.3f}x | {lo:.3f}–{hi:.3f} | {r.cpu_median_us:.0f} "
+            f"| {r.cpu_step_ratio:.3f}x | {r.fit_s:.3f} | {r.fit_ratio:.3f}x | {target} |"
         )
     return "\n".join(lines)
 
@@ -324,6 +369,7 @@ def machine_info() -> dict[str, Any]:
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "platform": platform.platform(),
+        "git_commit": git_commit(),
     }
     try:
         import lightning
@@ -332,6 +378,16 @@ def machine_info() -> dict[str, Any]:
     except ImportError:
         info["lightning"] = None
     return info
+
+
+def git_commit() -> str | None:
+    """The framework revision measured (results drift with the code, so record which code)."""
+    try:
+        done = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10,
+                              cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -357,17 +413,22 @@ def main(argv: list[str] | None = None) -> None:
     variants = build_variants(with_lightning=not args.no_lightning)
     if "lightning" not in variants and not args.no_lightning:
         print("lightning is not installed: skipping it (pip install -e '.[bench]' to include it)")
+    load_before = os.getloadavg()
+    if load_before[0] > 0.5 * (os.cpu_count() or 1):
+        print(f"warning: load average {load_before[0]:.1f} on {os.cpu_count()} CPUs; other processes will skew "
+              "wall times (the CPU-time columns are less affected)")
     started = time.perf_counter()
     runs = measure(cfg, variants)
     results = summarize(cfg, runs)
     elapsed = time.perf_counter() - started
+    load_after = os.getloadavg()
 
     table = markdown_table(results)
     steps = cfg.epochs * -(-cfg.samples // cfg.batch_size)
     print(f"\n{steps} steps per fit, {cfg.rounds} rounds (+1 warm-up), first {cfg.warmup_steps} steps dropped, "
           f"torch {torch.__version__}, {torch.get_num_threads()} thread\n")
     print(table)
-    print(f"\nbenchmark took {elapsed:.1f} s")
+    print(f"\nbenchmark took {elapsed:.1f} s; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after")
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
@@ -378,6 +439,7 @@ def main(argv: list[str] | None = None) -> None:
         "lightning_reference": LIGHTNING_REFERENCE,
         "results": [asdict(r) for r in results],
         "elapsed_s": round(elapsed, 2),
+        "load_average_1min": {"before": round(load_before[0], 2), "after": round(load_after[0], 2)},
         "table": table,
     }
     args.out.write_text(json.dumps(payload, indent=2) + "\n")
