@@ -36,10 +36,11 @@ class _StepRouter(nn.Module):
         super().__init__()
         self.module = module
         self._forward_context = forward_context
+        self.__dict__["_target"] = module  # plain attribute: skips nn.Module.__getattr__ on the hot path
 
     def forward(self, method: str, *args: Any, **kwargs: Any) -> Any:
         with self._forward_context():
-            return getattr(self.module, method)(*args, **kwargs)
+            return getattr(self._target, method)(*args, **kwargs)
 
 
 class _StrategyOptimizer:
@@ -73,14 +74,26 @@ class _StrategyOptimizer:
         return f"_StrategyOptimizer({self.optimizer!r})"
 
 
+NULL_CONTEXT = nullcontext()  # reusable; saves building one per step
+
+
 def move_to_device(batch: Any, device: torch.device) -> Any:
-    """Recursively move tensors in (nested) lists, tuples, namedtuples and dicts to `device`."""
+    """Recursively move tensors in (nested) lists, tuples, namedtuples and dicts to `device`.
+
+    Containers whose tensors are already there come back as the same object (no per-step rebuild).
+    """
     if isinstance(batch, Tensor):
-        if batch.device == device:
+        if batch.is_cpu if device.type == "cpu" else batch.device == device:
             return batch
         return batch.to(device, non_blocking=device.type == "cuda")
     if isinstance(batch, (list, tuple)):
-        moved = [move_to_device(item, device) for item in batch]
+        moved, changed = [], False
+        for item in batch:
+            new = move_to_device(item, device)
+            changed = changed or new is not item
+            moved.append(new)
+        if not changed:
+            return batch
         if hasattr(batch, "_fields"):  # namedtuple
             return type(batch)(*moved)
         return type(batch)(moved) if isinstance(batch, list) else tuple(moved)
@@ -106,6 +119,7 @@ class Strategy(ABC):
         self.precision = precision if precision is not None else Precision()
         self._module: nn.Module | None = None
         self._model: nn.Module | None = None
+        self._step: Callable[..., Any] = self._not_set_up
 
     # --- registry -----------------------------------------------------------------------------
     @classmethod  # noqa: B027 (optional for user-defined strategies)
@@ -149,7 +163,11 @@ class Strategy(ABC):
         """Move the module to the device, apply precision, and build the wrapped step router."""
         module = self.precision.convert_module(module.to(self.root_device))
         self._module = module
-        self._model = self._wrap(_StepRouter(module, self.precision.forward_context))
+        router = _StepRouter(module, self.precision.forward_context)
+        self._model = self._wrap(router)
+        # A wrapper (DDP, DP, FSDP2) does its work in __call__; with none, calling forward directly skips
+        # nn.Module's hook machinery, which is pure overhead for our private router.
+        self._step = router.forward if self._model is router else self._model
 
     def _wrap(self, router: _StepRouter) -> nn.Module:
         """Wrap the router (DDP, DP, FSDP2). Identity by default."""
@@ -165,15 +183,18 @@ class Strategy(ABC):
     # --- the step -----------------------------------------------------------------------------
     def step(self, method: str, *args: Any) -> Any:
         """Run `module.<method>(*args)` through the wrapper's forward."""
-        assert self._model is not None, "Strategy.setup_module() must run before step()"
-        return self._model(method, *args)
+        return self._step(method, *args)
+
+    @staticmethod
+    def _not_set_up(*args: Any) -> Any:
+        raise RuntimeError("Strategy.setup_module() must run before step().")
 
     def backward(self, loss: Tensor) -> None:
         self.precision.backward(loss)
 
     def no_backward_sync(self, enabled: bool) -> AbstractContextManager:
         """Skip gradient sync during accumulation (DDP no_sync). Must wrap forward and backward."""
-        return nullcontext()
+        return NULL_CONTEXT
 
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         """Undo loss scaling (16-mixed) so hooks and clipping read true gradients. Idempotent within a step."""

@@ -7,7 +7,7 @@ re-running the script ("ddp") or torch.multiprocessing spawn ("ddp_spawn").
 from __future__ import annotations
 
 import atexit
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from strategies import distributed
-from strategies.base import Strategy, _StepRouter
+from strategies.base import NULL_CONTEXT, Strategy, _StepRouter
 from strategies.environment import ClusterEnvironment, detect_environment
 from strategies.exceptions import ConfigError
 from strategies.launchers import SpawnLauncher, SubprocessLauncher
@@ -149,7 +149,7 @@ class DDPStrategy(Strategy):
         model = self._model
         if enabled and isinstance(model, DistributedDataParallel):
             return model.no_sync()
-        return nullcontext()
+        return NULL_CONTEXT
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any]:

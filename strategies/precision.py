@@ -39,6 +39,9 @@ def canonical_precision(flag: str | int) -> str:
     return _ALIASES[key]
 
 
+_NULL_CONTEXT = nullcontext()  # reusable: one per step would be wasted work
+
+
 class Precision:
     """'32-true': full float32, no autocast. Subclasses override only what differs.
 
@@ -55,7 +58,7 @@ class Precision:
 
     def forward_context(self) -> AbstractContextManager:
         """Entered around every step inside the step router (autocast for *-mixed)."""
-        return nullcontext()
+        return _NULL_CONTEXT
 
     def convert_input(self, batch: Any) -> Any:
         """Cast floating-point inputs for *-true precisions; identity here."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
-from strategies.base import _StepRouter
+from strategies.base import NULL_CONTEXT, _StepRouter
 from strategies.ddp import DDPStrategy
 from strategies.exceptions import ConfigError
 from strategies.precision import Precision
@@ -114,7 +114,7 @@ class ZeroStrategy(DDPStrategy):
     def no_backward_sync(self, enabled: bool) -> AbstractContextManager:
         if self.stage == 1:
             return super().no_backward_sync(enabled)
-        return self._fsdp_no_sync() if enabled else nullcontext()
+        return self._fsdp_no_sync() if enabled else NULL_CONTEXT
 
     @contextmanager
     def _fsdp_no_sync(self) -> Iterator[None]:

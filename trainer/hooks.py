@@ -133,8 +133,11 @@ def call_hook(trainer: Trainer, name: str, *args: Any, **kwargs: Any) -> Any:
 
     Returns the last non-None value a hook returned (on_train_batch_start may return -1).
     """
-    targets = trainer._hooks.targets(name)
-    if not targets:
+    hooks = trainer._hooks
+    targets = hooks._cache.get(name)
+    if targets is None:
+        targets = hooks.targets(name)
+    if not targets:  # the common case on the hot path: nobody overrides this hook
         return None
     results = trainer._results
     previous = results.current_fx

@@ -23,6 +23,8 @@ _ACCEPTED_STEP_OUTPUT = "a scalar loss tensor, a dict with a 'loss' tensor, or N
 
 def loss_from(out: Any) -> Tensor | None:
     """The loss in a training_step output, validated; None means skip the batch."""
+    if type(out) is Tensor and out.requires_grad and out.numel() == 1:  # the common case, checked cheaply
+        return out
     if out is None:
         return None
     loss = out.get("loss") if isinstance(out, Mapping) else out
@@ -49,6 +51,8 @@ def _detached(out: Any, loss: Tensor | None) -> Any:
     """What on_train_batch_end receives: the step output with the loss detached (as in Lightning)."""
     if loss is None:
         return out
+    if out is loss:
+        return {"loss": loss.detach()}
     if isinstance(out, Mapping):
         return {**out, "loss": loss.detach()}
     return {"loss": loss.detach()}
@@ -56,9 +60,9 @@ def _detached(out: Any, loss: Tensor | None) -> Any:
 
 def train_one_batch(trainer: Trainer, batch: Any, batch_idx: int, is_last: bool) -> Any:
     """Automatic optimization: forward, backward, and (at the end of an accumulation window) step."""
-    s, opt, accumulate = trainer.strategy, trainer.optimizers[0], trainer.accumulate_grad_batches
+    s, opt, accumulate = trainer.strategy, trainer.optimizers[0], trainer._spec.accumulate_grad_batches
     is_last_micro = is_last or (batch_idx + 1) % accumulate == 0
-    with s.no_backward_sync(enabled=not is_last_micro):  # wraps forward and backward
+    with s.no_backward_sync(not is_last_micro):  # wraps forward and backward
         out = trainer._run_step("training_step", batch, batch_idx)
         loss = loss_from(out)
         if loss is not None:
@@ -70,7 +74,7 @@ def train_one_batch(trainer: Trainer, batch: Any, batch_idx: int, is_last: bool)
         s.unscale_gradients(opt)  # hooks see true gradients under 16-mixed, as in Lightning
         call_hook(trainer, "on_before_optimizer_step", opt)
         trainer._clip_gradients(opt)
-        if s.optimizer_step(opt):
+        if s.optimizer_step(opt) and trainer._scheduler_stepper.has_step_schedulers:
             trainer._scheduler_stepper.step("step", trainer._progress.global_step + 1, trainer.callback_metrics)
         call_hook(trainer, "on_before_zero_grad", opt)
         opt.zero_grad(set_to_none=True)
@@ -87,6 +91,7 @@ def train_one_batch_manual(trainer: Trainer, batch: Any, batch_idx: int, is_last
 def run_train_epoch(trainer: Trainer) -> None:
     """One training epoch, with validation wherever it is due."""
     s, progress, results, schedule = trainer.strategy, trainer._progress, trainer._train_results, trainer._schedule
+    metrics = trainer._metrics
     loader = trainer._loaders.train
     resume.before_epoch(trainer)
     data.set_epoch(loader, progress.current_epoch)
@@ -109,7 +114,8 @@ def run_train_epoch(trainer: Trainer) -> None:
         progress.epoch_batches += 1
         progress.total_batches += 1
         call_hook(trainer, "on_train_batch_end", outputs, batch, batch_idx)
-        trainer._metrics.step_end(results, progress.total_batches, progress.global_step, progress.current_epoch)
+        if metrics.loggers:
+            metrics.step_end(results, progress.total_batches, progress.global_step, progress.current_epoch)
         if schedule.val_due(batch_idx, is_last):
             _validate_during_fit(trainer)
         if schedule.stop_in_epoch():

@@ -82,7 +82,7 @@ class MetricsRouter:
     # --- updates from the loops -------------------------------------------------------------------
     def step_end(self, results: ResultCollection, batches_done: int, step: int, epoch: int) -> None:
         """After each training batch: send step values to the loggers when the cadence says so."""
-        if batches_done % self.log_every_n_steps or not self.loggers:
+        if not self.loggers or batches_done % self.log_every_n_steps:
             return
         values = results.step_metrics("logger")
         if values:

@@ -118,6 +118,7 @@ class SchedulerStepper:
         self.configs = configs
         self._step_configs = [c for c in configs if c.interval == "step"]
         self._epoch_configs = [c for c in configs if c.interval == "epoch"]
+        self.has_step_schedulers = bool(self._step_configs)
 
     def step(self, interval: str, count: int, metrics: Mapping[str, Any]) -> None:
         """Step schedulers of `interval` that are due at `count` (optimizer steps or finished epochs)."""

@@ -179,7 +179,8 @@ class ResultCollection:
                 raise MisconfigurationError(
                     f"self.log({name!r}) got a tensor of shape {tuple(value.shape)}; log a scalar (one element)."
                 )
-            return value.detach().reshape(()).float() if value.dtype != torch.float32 else value.detach().reshape(())
+            value = value.detach() if value.dim() == 0 else value.detach().reshape(())
+            return value if value.dtype == torch.float32 else value.float()
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return torch.tensor(float(value))
         raise MisconfigurationError(

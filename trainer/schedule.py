@@ -75,7 +75,7 @@ class FitSchedule:
         max_steps = self.spec.max_steps
         if max_steps != -1 and self.progress.global_step >= max_steps:
             return True
-        if self._time_up():
+        if self._deadline is not None and self._time_up():
             self.should_stop = True
             return True
         return self.should_stop and self._can_stop_early()

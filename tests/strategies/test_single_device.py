@@ -18,16 +18,38 @@ from tests.helpers.boring import QUIET, BoringModel
 from trainer import Trainer
 
 
-def test_steps_go_through_the_wrappers_forward():
+def test_steps_go_through_the_routers_forward(monkeypatch: pytest.MonkeyPatch):
     calls: list[str] = []
+    original = _StepRouter.forward
+
+    def recording(self: _StepRouter, method: str, *args: Any) -> Any:
+        calls.append(method)
+        return original(self, method, *args)
+
+    monkeypatch.setattr(_StepRouter, "forward", recording)
     strategy = SingleDeviceStrategy("cpu")
     module = BoringModel()
     strategy.setup_module(module)
     assert isinstance(strategy.model, _StepRouter) and strategy.module is module
-    strategy.model.register_forward_pre_hook(lambda mod, args: calls.append(args[0]))
     strategy.step("training_step", torch.randn(4, 32), 0)
     strategy.step("predict_step", torch.randn(4, 32), 0)
     assert calls == ["training_step", "predict_step"]
+
+
+def test_a_wrapping_strategy_calls_the_wrapper_so_its_hooks_run():
+    calls: list[str] = []
+
+    class Wrapped(SingleDeviceStrategy):
+        def _wrap(self, router: _StepRouter) -> nn.Module:
+            wrapper = nn.Sequential()  # stands in for DDP: anything whose __call__ must run
+            wrapper.forward = router.forward  # type: ignore[method-assign]
+            wrapper.register_forward_pre_hook(lambda mod, args: calls.append(args[0]))
+            return wrapper
+
+    strategy = Wrapped("cpu")
+    strategy.setup_module(BoringModel())
+    strategy.step("training_step", torch.randn(4, 32), 0)
+    assert calls == ["training_step"]
 
 
 def test_trainer_uses_the_router_for_every_step():
