@@ -37,7 +37,6 @@ import datetime
 import gc
 import json
 import os
-import platform
 import shutil
 import statistics
 import tempfile
@@ -47,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from common import git_commit, load_average, quartiles  # noqa: F401
+from common import machine_info as common_machine_info
 from torch import nn
 
 from strategies.checkpoint_io import atomic_save, safe_load
@@ -231,16 +232,7 @@ def markdown_table(sections: list[tuple[str, list[dict[str, Any]]]]) -> str:
 
 
 def machine_info() -> dict[str, Any]:
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "platform": platform.platform()}
+    return common_machine_info()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

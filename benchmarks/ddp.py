@@ -34,10 +34,8 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import socket
 import statistics
-import subprocess
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -47,6 +45,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from common import git_commit, load_average, quartiles  # noqa: F401
+from common import machine_info as common_machine_info
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
@@ -258,12 +258,6 @@ def p10(values: list[float]) -> float:
     return statistics.quantiles(values, n=10)[0]
 
 
-def quartiles(values: list[float]) -> tuple[float, float]:
-    if len(values) < 2:
-        return round(values[0], 4), round(values[0], 4)
-    q = statistics.quantiles(values, n=4)
-    return round(q[0], 4), round(q[2], 4)
-
 
 def measure(cfg: Config, names: list[str], verbose: bool = True) -> dict[str, list[dict[str, Any]]]:
     """`cfg.rounds` rounds; round r starts at variant r (rotated order)."""
@@ -356,29 +350,7 @@ def markdown_table(results: list[VariantResult]) -> str:
 
 
 def machine_info() -> dict[str, Any]:
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                timeout=10, cwd=Path(__file__).resolve().parent).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "platform": platform.platform(), "git_commit": commit,
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
-
-
-def load_average() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
+    return common_machine_info(omp_num_threads=os.environ.get("OMP_NUM_THREADS"))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

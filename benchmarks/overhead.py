@@ -27,9 +27,7 @@ import io
 import json
 import logging
 import os
-import platform
 import statistics
-import subprocess
 import time
 import warnings
 from collections.abc import Callable
@@ -38,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from common import git_commit, load_average, quartiles  # noqa: F401
+from common import machine_info as common_machine_info
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
@@ -331,13 +331,6 @@ def summarize(cfg: Config, runs: dict[str, list[Run]]) -> list[VariantResult]:
     return out
 
 
-def quartiles(values: list[float]) -> tuple[float, float]:
-    """First and third quartile: how far apart rounds landed (the noise band of the ratio)."""
-    if len(values) < 2:
-        return values[0], values[0]
-    q = statistics.quantiles(values, n=4)
-    return round(q[0], 4), round(q[2], 4)
-
 
 def markdown_table(results: list[VariantResult]) -> str:
     """The table printed to stdout and pasted into docs/benchmarks.md."""
@@ -363,41 +356,14 @@ def markdown_table(results: list[VariantResult]) -> str:
 
 
 def machine_info() -> dict[str, Any]:
-    """Enough to tell whether two result files are comparable."""
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info: dict[str, Any] = {
-        "cpu": cpu,
-        "logical_cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "platform": platform.platform(),
-        "git_commit": git_commit(),
-    }
+    """Enough to tell whether two result files are comparable (Lightning's version too)."""
     try:
         import lightning
 
-        info["lightning"] = lightning.__version__
+        version = lightning.__version__
     except ImportError:
-        info["lightning"] = None
-    return info
-
-
-def git_commit() -> str | None:
-    """The framework revision measured (results drift with the code, so record which code)."""
-    try:
-        done = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10,
-                              cwd=Path(__file__).resolve().parent)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() or None
+        version = None
+    return common_machine_info(lightning=version)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -22,8 +22,6 @@ import argparse
 import datetime
 import gc
 import json
-import os
-import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -31,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from common import git_commit, load_average, quartiles  # noqa: F401
+from common import machine_info as common_machine_info
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
@@ -153,23 +153,9 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
 
 
 def machine_info(cfg: Config) -> dict[str, Any]:
-    """Enough to tell whether two result files are comparable."""
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info: dict[str, Any] = {
-        "cpu": cpu, "logical_cpus": os.cpu_count(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "python": platform.python_version(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-        "platform": platform.platform(),
-    }
-    if cfg.accelerator == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(0)
-    return info
+    """Enough to tell whether two result files are comparable (the CPU's vector ISA decides bf16 speed)."""
+    gpu = {"gpu": torch.cuda.get_device_name(0)} if cfg.accelerator == "cuda" else {}
+    return common_machine_info(cpu_capability=torch.backends.cpu.get_cpu_capability(), **gpu)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
