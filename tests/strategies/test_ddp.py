@@ -252,3 +252,18 @@ def _sync_count_rank(rank: int) -> list[int]:
 def test_no_gradient_all_reduce_inside_an_accumulation_window():
     for syncs in run_distributed(_sync_count_rank):
         assert syncs[0] == syncs[2] == 0 and syncs[1] > 0 and syncs[3] > 0, syncs
+
+
+def test_ddp_spawn_reports_the_log_folder_its_ranks_wrote(tmp_path):  # noqa: ANN001
+    from pathlib import Path
+
+    from trainer.loggers import CSVLogger
+
+    (tmp_path / "csv_logs" / "version_0").mkdir(parents=True)  # an earlier run: the ranks pick version_1
+    trainer = Trainer(max_epochs=1, log_every_n_steps=1,
+                      **{**QUIET, "devices": 2, "strategy": "ddp_spawn", "logger": CSVLogger(tmp_path),
+                         "enable_checkpointing": True})
+    trainer.fit(Unchanged(), DataLoader(regression_data(n=16), batch_size=4))
+    assert Path(trainer.log_dir).name == "version_1"
+    assert [p.name for p in (Path(trainer.log_dir) / "checkpoints").iterdir()] == ["epoch=0-step=2.ckpt"]
+    assert trainer.checkpoint_callback.best_model_path.endswith("version_1/checkpoints/epoch=0-step=2.ckpt")
