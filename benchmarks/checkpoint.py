@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import json
 import os
 import shutil
 import statistics
@@ -46,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import git_commit, load_average, quartiles  # noqa: F401
+from common import StepClock, git_commit, load_average, quartiles, steady_intervals, write_results  # noqa: F401
 from common import machine_info as common_machine_info
 from torch import nn
 
@@ -294,7 +293,6 @@ def main(argv: list[str] | None = None) -> None:
     print(f"load: ours / torch.load = {headline['load_ours_vs_torch_load']:.2f}x")
     print(f"benchmark took {elapsed:.1f} s")
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "config": {"width": width, "layers": 4, "rounds": rounds, "quick": args.quick, "tensor_bytes": size,
@@ -307,8 +305,7 @@ def main(argv: list[str] | None = None) -> None:
         "elapsed_s": round(elapsed, 2),
         "table": table,
     }
-    args.out.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_results(args.out, payload)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,3 +55,27 @@ def machine_info(**extra: Any) -> dict[str, Any]:
     return {"cpu": cpu_name(), "logical_cpus": os.cpu_count(), "python": platform.python_version(),
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
             "git_commit": git_commit(), **extra}
+
+
+class StepClock:
+    """Per-step stamps of wall and thread CPU time; every variant calls `tick` once per batch, so all pay alike."""
+
+    def __init__(self) -> None:
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+
+    def tick(self) -> None:
+        self.wall.append(time.perf_counter())
+        self.cpu.append(time.thread_time())
+
+
+def steady_intervals(stamps: list[float], warmup_steps: int) -> list[float]:
+    """Step intervals in seconds, without the first `warmup_steps` (allocator, caches, first batches)."""
+    return [b - a for a, b in zip(stamps, stamps[1:], strict=False)][warmup_steps:]
+
+
+def write_results(out: Path, payload: dict[str, Any]) -> None:
+    """Write a benchmark's JSON results file and say where it went."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {out}")

@@ -34,7 +34,6 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -45,7 +44,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from common import git_commit, load_average, quartiles  # noqa: F401
+from common import StepClock, git_commit, load_average, quartiles, steady_intervals, write_results  # noqa: F401
 from common import machine_info as common_machine_info
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -54,6 +53,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from callbacks import Callback
+from strategies.distributed import find_free_port
 from trainer import Trainer, TrainModule
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "ddp.json"
@@ -109,25 +109,7 @@ def steps_per_fit(cfg: Config, world_size: int) -> int:
     return cfg.epochs * -(-per_rank // cfg.batch_size)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
-
-class StepClock:
-    """Per-step stamps of wall and (main-thread) CPU time; every variant calls `tick` once per batch."""
-
-    def __init__(self) -> None:
-        self.wall: list[float] = []
-        self.cpu: list[float] = []
-
-    def tick(self) -> None:
-        self.wall.append(time.perf_counter())
-        self.cpu.append(time.thread_time())
-
-
-# --- raw: the classic tutorial -----------------------------------------------------------------------------
 def raw_worker(rank: int, world_size: int, port: int, cfg: Config, out_file: str) -> None:
     """One rank of the hand-written DDP script; rank 0 writes its step stamps to `out_file`."""
     torch.set_num_threads(1)
@@ -158,7 +140,7 @@ def raw_worker(rank: int, world_size: int, port: int, cfg: Config, out_file: str
 def run_raw(cfg: Config) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out_file = os.path.join(tmp, "stamps.json")
-        mp.spawn(raw_worker, args=(WORLD_SIZE, free_port(), cfg, out_file), nprocs=WORLD_SIZE, join=True)
+        mp.spawn(raw_worker, args=(WORLD_SIZE, find_free_port(), cfg, out_file), nprocs=WORLD_SIZE, join=True)
         return json.loads(Path(out_file).read_text())
 
 
@@ -230,10 +212,6 @@ def run_variant(name: str, cfg: Config) -> dict[str, Any]:
     return run_ours(cfg, WORLD_SIZE if name == "ours" else 1)
 
 
-def intervals(stamps: list[float], warmup_steps: int) -> list[float]:
-    return [b - a for a, b in zip(stamps, stamps[1:], strict=False)][warmup_steps:]
-
-
 @dataclass
 class VariantResult:
     name: str
@@ -274,7 +252,7 @@ def measure(cfg: Config, names: list[str], verbose: bool = True) -> dict[str, li
                 raise RuntimeError(f"{name}: {len(run['wall'])} steps recorded on rank 0, expected {expected}")
             runs[name].append(run)
             if verbose:
-                med = statistics.median(intervals(run["wall"], cfg.warmup_steps)) * 1e3
+                med = statistics.median(steady_intervals(run["wall"], cfg.warmup_steps)) * 1e3
                 print(f"round {rnd + 1}/{cfg.rounds} {name:7s} {med:7.2f} ms/step  "
                       f"(fit + launch {time.perf_counter() - started:5.1f} s)", flush=True)
     return runs
@@ -282,14 +260,14 @@ def measure(cfg: Config, names: list[str], verbose: bool = True) -> dict[str, li
 
 def summarize(cfg: Config, runs: dict[str, list[dict[str, Any]]]) -> list[VariantResult]:
     w = cfg.warmup_steps
-    per_round = {n: [statistics.median(intervals(r["wall"], w)) for r in rs] for n, rs in runs.items()}
-    per_round_cpu = {n: [statistics.median(intervals(r["cpu"], w)) for r in rs] for n, rs in runs.items()}
-    per_round_p10 = {n: [p10(intervals(r["wall"], w)) for r in rs] for n, rs in runs.items()}
+    per_round = {n: [statistics.median(steady_intervals(r["wall"], w)) for r in rs] for n, rs in runs.items()}
+    per_round_cpu = {n: [statistics.median(steady_intervals(r["cpu"], w)) for r in rs] for n, rs in runs.items()}
+    per_round_p10 = {n: [p10(steady_intervals(r["wall"], w)) for r in rs] for n, rs in runs.items()}
     out = []
     for name, variant_runs in runs.items():
         ranks = 1 if name == "ours_1" else WORLD_SIZE
-        pooled = [d for r in variant_runs for d in intervals(r["wall"], w)]
-        pooled_cpu = [d for r in variant_runs for d in intervals(r["cpu"], w)]
+        pooled = [d for r in variant_runs for d in steady_intervals(r["wall"], w)]
+        pooled_cpu = [d for r in variant_runs for d in steady_intervals(r["cpu"], w)]
         ratios = cpu_ratios = p10_ratios = None
         if name == "ours":
             p10_ratios = [o / b for o, b in zip(per_round_p10["ours"], per_round_p10["raw"], strict=True)]
@@ -385,7 +363,6 @@ def main(argv: list[str] | None = None) -> None:
     print(table)
     print(f"\nbenchmark took {elapsed:.1f} s")
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "config": asdict(cfg),
@@ -397,8 +374,7 @@ def main(argv: list[str] | None = None) -> None:
         "elapsed_s": round(elapsed, 2),
         "table": table,
     }
-    args.out.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_results(args.out, payload)
 
 
 if __name__ == "__main__":

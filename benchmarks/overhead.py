@@ -24,7 +24,6 @@ import contextlib
 import datetime
 import gc
 import io
-import json
 import logging
 import os
 import statistics
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import git_commit, load_average, quartiles  # noqa: F401
+from common import StepClock, git_commit, load_average, quartiles, steady_intervals, write_results  # noqa: F401
 from common import machine_info as common_machine_info
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -74,23 +73,6 @@ class Config:
     warmup_steps: int = 50
     seed: int = 0
     lr: float = 0.01
-
-
-class StepClock:
-    """Per-step stamps of wall and thread CPU time; every variant calls `tick` once per batch, so all pay alike."""
-
-    def __init__(self) -> None:
-        self.wall: list[float] = []
-        self.cpu: list[float] = []
-
-    def tick(self) -> None:
-        self.wall.append(time.perf_counter())
-        self.cpu.append(time.thread_time())
-
-
-def steady_intervals(stamps: list[float], warmup_steps: int) -> list[float]:
-    """Step intervals in seconds, without the first `warmup_steps` (allocator, caches, first batches)."""
-    return [b - a for a, b in zip(stamps, stamps[1:], strict=False)][warmup_steps:]
 
 
 @dataclass
@@ -406,7 +388,6 @@ def main(argv: list[str] | None = None) -> None:
     print(table)
     print(f"\nbenchmark took {elapsed:.1f} s; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after")
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "config": asdict(cfg),
@@ -418,8 +399,7 @@ def main(argv: list[str] | None = None) -> None:
         "load_average_1min": {"before": round(load_before[0], 2), "after": round(load_after[0], 2)},
         "table": table,
     }
-    args.out.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_results(args.out, payload)
 
 
 if __name__ == "__main__":

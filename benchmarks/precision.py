@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import json
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import git_commit, load_average, quartiles  # noqa: F401
+from common import StepClock, git_commit, load_average, quartiles, steady_intervals, write_results  # noqa: F401
 from common import machine_info as common_machine_info
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -196,7 +195,6 @@ def main(argv: list[str] | None = None) -> None:
     print(table)
     print(f"\nbenchmark took {elapsed:.1f} s")
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "config": asdict(cfg),
@@ -205,8 +203,7 @@ def main(argv: list[str] | None = None) -> None:
         "elapsed_s": round(elapsed, 2),
         "table": table,
     }
-    args.out.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_results(args.out, payload)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import multiprocessing
 import os
 import platform
@@ -56,6 +55,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from common import write_results
 from torch import Tensor, nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
@@ -367,9 +367,8 @@ def main() -> None:
         "runs": runs,
         "table_markdown": table,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
-    print(f"\nwrote {args.out} ({report['wall_s']:.0f} s)")
+    write_results(args.out, report)
+    print(f"({report['wall_s']:.0f} s)")
 
 
 if __name__ == "__main__":
