@@ -77,6 +77,11 @@ class _StrategyOptimizer:
 NULL_CONTEXT = nullcontext()  # reusable; saves building one per step
 
 
+def unwrap_optimizer(optimizer: Any) -> Optimizer:
+    """The torch optimizer behind what `TrainModule.optimizers()` handed out (GradScaler keys state by it)."""
+    return optimizer.optimizer if isinstance(optimizer, _StrategyOptimizer) else optimizer
+
+
 def move_to_device(batch: Any, device: torch.device) -> Any:
     """Recursively move tensors in (nested) lists, tuples, namedtuples and dicts to `device`.
 
@@ -211,6 +216,7 @@ class Strategy(ABC):
         """Clip the optimizer's gradients by norm or value (unscaling first). No-op when both are None."""
         if max_norm is None and max_value is None:
             return None
+        optimizer = unwrap_optimizer(optimizer)
         self.precision.unscale_gradients(optimizer)
         params = [p for group in optimizer.param_groups for p in group["params"]]
         if max_norm is not None:

@@ -104,22 +104,22 @@ def parse_max_time(value: Any) -> timedelta | None:
 
 
 def _resolve_strategy(strategy: Any, devices: list[torch.device], num_nodes: int, precision: str) -> Strategy:
-    if isinstance(strategy, Strategy):
-        strategy.adopt_flags(devices, num_nodes)
-        if strategy.precision.name != precision:
-            if strategy.precision.name != "32-true":
-                raise ConfigError(
-                    f"precision={precision!r} conflicts with the {strategy.precision.name!r} precision the "
-                    f"{type(strategy).__name__} instance was built with; pass only one of them."
-                )
-            strategy.precision = precision_from_flag(precision, strategy.root_device.type)
-        return strategy
-    if not isinstance(strategy, str):
+    if isinstance(strategy, str):
+        name = strategy.strip().lower()
+        if name == "auto":
+            name = "single" if len(devices) * num_nodes == 1 else "ddp"
+        return STRATEGY_REGISTRY.create(name, devices, num_nodes, precision_from_flag(precision, devices[0].type))
+    if not callable(getattr(strategy, "adopt_flags", None)):
         raise ConfigError(f"strategy={strategy!r} is not valid: pass a strategy name or a Strategy instance.")
-    name = strategy.strip().lower()
-    if name == "auto":
-        name = "single" if len(devices) * num_nodes == 1 else "ddp"
-    return STRATEGY_REGISTRY.create(name, devices, num_nodes, precision_from_flag(precision, devices[0].type))
+    strategy.adopt_flags(devices, num_nodes)
+    if strategy.precision.name != precision:
+        if strategy.precision.name != "32-true":
+            raise ConfigError(
+                f"precision={precision!r} conflicts with the {strategy.precision.name!r} precision the "
+                f"{type(strategy).__name__} instance was built with; pass only one of them."
+            )
+        strategy.precision = precision_from_flag(precision, strategy.root_device.type)
+    return strategy
 
 
 def _check_strategy_precision(strategy: Strategy, precision: str) -> None:

@@ -253,11 +253,10 @@ class TrainModule(DataHooks, nn.Module):
         gradient_clip_algorithm: str = "norm",
     ) -> None:
         """Clip gradients in manual optimization through the strategy (unscales under AMP)."""
-        opt = optimizer.optimizer if isinstance(optimizer, _StrategyOptimizer) else optimizer
         if gradient_clip_algorithm == "norm":
-            self.trainer.strategy.clip_gradients(opt, max_norm=gradient_clip_val)
+            self.trainer.strategy.clip_gradients(optimizer, max_norm=gradient_clip_val)
         else:
-            self.trainer.strategy.clip_gradients(opt, max_value=gradient_clip_val)
+            self.trainer.strategy.clip_gradients(optimizer, max_value=gradient_clip_val)
 
     # --- checkpoints -----------------------------------------------------------------------------
     @classmethod

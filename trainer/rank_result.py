@@ -28,11 +28,40 @@ class RankZeroResult:
     logger_versions: list[Any] = field(default_factory=list)
     status: str = "finished"
 
+    def adopt_into(self, trainer: Trainer, model: Any) -> Any:
+        """In the launching process: take over what rank 0 sent back; return the run's result."""
+        from trainer.state import TrainerStatus
 
-def pack_if_child(trainer: Trainer, result: Any) -> Any:
-    """In the launching process: the plain result. In a spawned rank: a RankZeroResult (or None off rank 0)."""
+        if model is not None:
+            model.load_state_dict(self.module_state)
+            trainer._module, model.trainer = model, trainer
+        trainer._progress.load_state_dict(self.progress)
+        trainer._metrics.adopt(self.callback_metrics, self.logged_metrics)
+        for cb in trainer.callbacks:
+            if cb.state_key in self.callback_states:
+                cb.load_state_dict(self.callback_states[cb.state_key])
+        for logger, version in zip(trainer.loggers, self.logger_versions, strict=False):
+            if version is not None and hasattr(logger, "_version"):
+                logger._version = version  # log_dir names the folder the ranks wrote, not a fresh version
+        trainer.state.status = TrainerStatus(self.status)
+        return self.result
+
+
+@dataclass
+class LocalResult:
+    """The run happened in the launching process: its Trainer and model already hold everything."""
+
+    result: Any
+
+    def adopt_into(self, trainer: Trainer, model: Any) -> Any:
+        return self.result
+
+
+def pack_if_child(trainer: Trainer, result: Any) -> LocalResult | RankZeroResult | None:
+    """In the launching process: the plain result. In a spawned rank: a RankZeroResult (or None off rank 0,
+    whose return value the spawn launcher drops)."""
     if os.getpid() == trainer._launcher_pid:
-        return result
+        return LocalResult(result)
     if not trainer.is_global_zero:
         return None
     module = trainer.lightning_module
@@ -46,24 +75,3 @@ def pack_if_child(trainer: Trainer, result: Any) -> Any:
         logger_versions=[getattr(logger, "_version", None) for logger in trainer.loggers],
         status=trainer.state.status.value,
     )
-
-
-def adopt(trainer: Trainer, model: Any, out: Any) -> Any:
-    """In the launching process: take over what rank 0 sent back; return the run's result."""
-    if not isinstance(out, RankZeroResult):
-        return out
-    from trainer.state import TrainerStatus
-
-    if model is not None:
-        model.load_state_dict(out.module_state)
-        trainer._module, model.trainer = model, trainer
-    trainer._progress.load_state_dict(out.progress)
-    trainer._metrics.adopt(out.callback_metrics, out.logged_metrics)
-    for cb in trainer.callbacks:
-        if cb.state_key in out.callback_states:
-            cb.load_state_dict(out.callback_states[cb.state_key])
-    for logger, version in zip(trainer.loggers, out.logger_versions, strict=False):
-        if version is not None and hasattr(logger, "_version"):
-            logger._version = version  # log_dir names the folder the ranks wrote, not a fresh version
-    trainer.state.status = TrainerStatus(out.status)
-    return out.result
