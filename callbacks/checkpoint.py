@@ -13,8 +13,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from callbacks.base import Callback
 from strategies.checkpoint_io import TMP_MARKER
 from strategies.distributed import rank_zero_info
@@ -244,7 +242,3 @@ class ModelCheckpoint(Callback):
                 shutil.rmtree(target, ignore_errors=True)
             else:
                 target.unlink(missing_ok=True)
-
-    @property
-    def best_score_tensor(self) -> torch.Tensor | None:
-        return None if self.best_model_score is None else torch.tensor(self.best_model_score)

@@ -15,7 +15,6 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from strategies import distributed
 from strategies.base import NULL_CONTEXT, Strategy, _StepRouter
 from strategies.environment import ClusterEnvironment, detect_environment
 from strategies.exceptions import ConfigError
@@ -154,9 +153,6 @@ class DDPStrategy(Strategy):
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
         return {"num_replicas": self.world_size, "rank": self.global_rank}
-
-    def barrier(self, name: str | None = None) -> None:
-        distributed.barrier()
 
     def __repr__(self) -> str:
         return (f"DDPStrategy(devices={len(self.parallel_devices)}, num_nodes={self.num_nodes}, "

@@ -58,15 +58,15 @@ def dump_checkpoint(trainer: Trainer) -> dict[str, Any]:
         "epoch": trainer.current_epoch,
         "global_step": trainer.global_step,
         "hparams": dict(getattr(module, "hparams", {})),
-        "callbacks": {cb.state_key: cb.state_dict() for cb in trainer.callbacks if cb.state_dict()},
+        "callbacks": {cb.state_key: state for cb in trainer.callbacks if (state := cb.state_dict())},
         "metrics": trainer._metrics.state_dict(),
         "rng": [state.pop("rng") for state in per_rank],
         "loops": per_rank,
         "world_size": s.world_size,
     }
-    datamodule = trainer.datamodule
-    if datamodule is not None and datamodule.state_dict():
-        checkpoint["datamodule"] = datamodule.state_dict()
+    datamodule_state = trainer.datamodule.state_dict() if trainer.datamodule is not None else {}
+    if datamodule_state:
+        checkpoint["datamodule"] = datamodule_state
     from trainer.hooks import call_hook
 
     call_hook(trainer, "on_save_checkpoint", checkpoint)

@@ -4,7 +4,7 @@ between single device, DP, DDP and ZeRO is behind `trainer.strategy`. Hook order
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -254,7 +254,3 @@ def run_predict(trainer: Trainer, return_predictions: bool = True) -> list[Any] 
     if not return_predictions:
         return None
     return all_predictions if many else (all_predictions[0] if all_predictions else [])
-
-
-def has_length(loader: Iterable) -> bool:
-    return data.loader_length(loader) != float("inf")

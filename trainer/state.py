@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
 
@@ -56,7 +56,6 @@ class Progress:
     total_batches: int = 0
     epoch_finished: bool = False
     val_started: bool = False  # validation due after the last finished batch has begun
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)
