@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from strategies import checkpoint_io, distributed
+from strategies.exceptions import CheckpointSaveError
 from strategies.precision import Precision
 
 T = TypeVar("T")
@@ -125,6 +126,7 @@ class Strategy(ABC):
         self._module: nn.Module | None = None
         self._model: nn.Module | None = None
         self._step: Callable[..., Any] = self._not_set_up
+        self._control_group: Any = None  # None: the default process group
 
     # --- registry -----------------------------------------------------------------------------
     @classmethod  # noqa: B027 (optional for user-defined strategies)
@@ -254,6 +256,11 @@ class Strategy(ABC):
     def barrier(self, name: str | None = None) -> None:
         distributed.barrier()
 
+    def agree(self, values: list[int]) -> list[int]:
+        """Element-wise MAX of small integer flags over all ranks, on a CPU-capable group (the control plane
+        of trainer/control.py: it must not wait on the GPU stream). Identity with one process."""
+        return distributed.all_reduce_max_ints(values, self._control_group)
+
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """Agree on a decision: all=True means every rank must say yes; all=False means any rank may."""
         if self.world_size == 1:
@@ -274,10 +281,24 @@ class Strategy(ABC):
         return optimizer.state_dict()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path) -> None:
-        """Rank 0 writes one file atomically; other ranks wait."""
+        """Rank 0 writes one file atomically; every rank learns whether it worked and raises if not."""
+        error = None
         if self.is_global_zero:
-            checkpoint_io.atomic_save(checkpoint, path)
-        self.barrier("save_checkpoint")
+            try:
+                checkpoint_io.atomic_save(checkpoint, path)
+            except CheckpointSaveError as err:
+                error = str(err)
+        self.raise_if_any_failed(error)
+
+    def raise_if_any_failed(self, error: str | None) -> None:
+        """Collective: every rank raises CheckpointSaveError if any rank's part of a save failed.
+
+        Called after the except block, never inside it: no collective runs in an exception handler.
+        """
+        errors = self.all_gather_object(error) if self.world_size > 1 else [error]
+        failed = [f"rank {rank}: {err}" for rank, err in enumerate(errors) if err]
+        if failed:
+            raise CheckpointSaveError("; ".join(failed))
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         return checkpoint_io.safe_load(path, map_location="cpu")

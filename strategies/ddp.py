@@ -7,6 +7,7 @@ re-running the script ("ddp") or torch.multiprocessing spawn ("ddp_spawn").
 from __future__ import annotations
 
 import atexit
+import os
 from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -28,6 +29,15 @@ _BACKENDS = ("nccl", "gloo", "mpi")
 def _destroy_process_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _elastic_attempt_store(addr: str, port: int, world_size: int, timeout: timedelta | None) -> Any:
+    """Under torchrun, the agent hosts the store; key it by restart attempt, or the workers of a restart
+    (--max-restarts) can read the failed attempt's gloo addresses and dial dead ranks (seen on torch 2.14.1)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(addr, port, world_size, is_master=False, timeout=timeout or timedelta(minutes=30))
+    return dist.PrefixStore(f"trainer/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def default_backend(device_type: str) -> str:
@@ -127,8 +137,10 @@ class DDPStrategy(Strategy):
             port = env.master_port
             if port is None:
                 raise ConfigError("MASTER_PORT is not set for this rank; set it, or let the Trainer launch the ranks.")
-            dist.init_process_group(self.process_group_backend, init_method=f"tcp://{env.master_addr}:{port}",
-                                    rank=env.global_rank, world_size=env.world_size, **kwargs)
+            store = _elastic_attempt_store(env.master_addr, port, env.world_size, self.timeout)
+            init = {"store": store} if store is not None else {"init_method": f"tcp://{env.master_addr}:{port}"}
+            dist.init_process_group(self.process_group_backend, rank=env.global_rank, world_size=env.world_size,
+                                    **init, **kwargs)
             # Kept for later validate()/test() calls in the same script: re-creating it on the same
             # port races with ranks still leaving the old one. Destroyed when the process exits.
             atexit.register(_destroy_process_group)
@@ -137,6 +149,11 @@ class DDPStrategy(Strategy):
                 f"a process group of {dist.get_world_size()} ranks is already running, but this run needs "
                 f"{env.world_size}; destroy it first (torch.distributed.destroy_process_group())."
             )
+        if self.process_group_backend != "gloo" and self._control_group is None:
+            # The control plane (trainer/control.py) reduces a few ints every step: on CPU through gloo,
+            # so it never waits for the GPU stream as an NCCL collective on a CUDA tensor would.
+            timeout_kw: dict[str, Any] = {"timeout": self.timeout} if self.timeout is not None else {}
+            self._control_group = dist.new_group(backend="gloo", **timeout_kw)
 
     def _wrap(self, router: _StepRouter) -> torch.nn.Module:
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None

@@ -80,6 +80,15 @@ def all_reduce(tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
     return out
 
 
+def all_reduce_max_ints(values: list[int], group: Any = None) -> list[int]:
+    """Element-wise MAX of small integers over all ranks, on CPU (the control plane). Identity alone."""
+    if not is_distributed():
+        return values
+    tensor = torch.tensor(values, dtype=torch.int64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+    return tensor.tolist()
+
+
 def all_gather(tensor: torch.Tensor) -> torch.Tensor:
     """Stack `tensor` from every rank along a new dim 0. Without a process group: `tensor[None]`."""
     if not is_distributed():

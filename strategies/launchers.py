@@ -22,6 +22,9 @@ from strategies.environment import ClusterEnvironment
 
 _CHILD_POLL_S = 0.2
 _CHILD_EXIT_GRACE_S = 60.0
+# A rank that stopped on SIGTERM / SIGUSR1 saved a checkpoint together with the others and exits with
+# 128 + signal (trainer/preemption.py): that is an orderly stop, not a failure to fan out.
+GRACEFUL_EXIT_CODES = frozenset({128 + int(signal.SIGTERM), 128 + int(getattr(signal, "SIGUSR1", 10))})
 
 
 def _rank_env(env: ClusterEnvironment, port: int, local_rank: int, per_node: int) -> dict[str, str]:
@@ -55,6 +58,7 @@ class SubprocessLauncher:
         self.processes_per_node = processes_per_node
         self.children: list[subprocess.Popen] = []
         self._stop_watch = threading.Event()
+        self._graceful_code: int | None = None
 
     def launch(self, fn: Callable[..., Any], *args: Any, env: ClusterEnvironment) -> Any:
         port = env.master_port or find_free_port()
@@ -74,6 +78,13 @@ class SubprocessLauncher:
         atexit.register(self._wait_children)
         try:
             return fn(*args)
+        except SystemExit as stop:
+            self._stop_watch.set()
+            if stop.code in GRACEFUL_EXIT_CODES:
+                self._graceful_code = stop.code  # the others stop at the same step; atexit waits for them
+            else:
+                self._kill_children()
+            raise
         except BaseException:
             self._stop_watch.set()
             self._kill_children()
@@ -83,12 +94,11 @@ class SubprocessLauncher:
         while not self._stop_watch.wait(_CHILD_POLL_S):
             for rank, child in enumerate(self.children, start=1):
                 code = child.poll()
-                if code not in (None, 0):
-                    print(f"[trainer] local rank {rank} exited with code {code}; stopping every rank.",
+                if code not in (None, 0) and code not in GRACEFUL_EXIT_CODES:
+                    print(f"[trainer] local rank {rank} {_describe_exit(code)}; stopping every rank.",
                           file=sys.stderr, flush=True)
                     self._kill_children()
-                    os.kill(os.getpid(), signal.SIGTERM)
-                    return
+                    os._exit(1)  # this process is rank 0: it must not wait in a collective for a dead peer
 
     def _kill_children(self) -> None:
         for child in self.children:
@@ -113,11 +123,20 @@ class SubprocessLauncher:
             except subprocess.TimeoutExpired:
                 child.kill()
                 code = child.wait()
-            if code != 0:
+            if code != 0 and code != self._graceful_code:
                 failed.append((rank, code))
         if failed:
             print(f"[trainer] local ranks exited with errors (rank, exit code): {failed}", file=sys.stderr, flush=True)
             os._exit(1)
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 def _spawn_entry(local_rank: int, payload: bytes, env_vars: list[dict[str, str]], queue: Any) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import torch.distributed.checkpoint as dcp
 
 from strategies.checkpoint_io import TMP_MARKER, atomic_save, safe_load
-from strategies.exceptions import CheckpointLoadError
+from strategies.exceptions import CheckpointLoadError, CheckpointSaveError
 
 MANIFEST = "manifest.pt"
 SHARDED_KEYS = ("state_dict", "optimizer_states")
@@ -49,19 +49,31 @@ def save_sharded(strategy: Any, checkpoint: dict[str, Any], path: str | Path) ->
     tmp = folder.with_name(f"{folder.name}{TMP_MARKER}{token}")
     payload = {"model": checkpoint["state_dict"],
                "optim": {str(i): state for i, state in enumerate(checkpoint["optimizer_states"])}}
-    dcp.save(payload, checkpoint_id=str(tmp))
-    strategy.barrier("sharded_checkpoint_written")
+    error = None
+    try:
+        dcp.save(payload, checkpoint_id=str(tmp))
+    except Exception as err:  # DCP reports a failed rank's error on every rank
+        error = f"could not write the shards of {folder}: {err}"
+    strategy.raise_if_any_failed(error)
     if strategy.is_global_zero:
-        files = {p.name: _sha256(p) for p in sorted(tmp.iterdir())}
-        rest = {k: v for k, v in checkpoint.items() if k not in SHARDED_KEYS}
-        rest["optimizer_count"] = len(checkpoint["optimizer_states"])
-        atomic_save({**rest, "sharded_files": files}, tmp / MANIFEST)  # the commit marker, written last
-        trash = folder.with_name(f"{folder.name}{TMP_MARKER}old-{token}")
-        if folder.exists():
-            os.replace(folder, trash)
-        os.replace(tmp, folder)
-        shutil.rmtree(trash, ignore_errors=True)
-    strategy.barrier("sharded_checkpoint_committed")
+        try:
+            _commit(checkpoint, folder, tmp, token)
+        except (OSError, CheckpointSaveError) as err:
+            error = f"could not commit {folder}: {err}; the previous checkpoint, if any, is untouched"
+    strategy.raise_if_any_failed(error)
+
+
+def _commit(checkpoint: dict[str, Any], folder: Path, tmp: Path, token: str) -> None:
+    """Rank 0: the manifest (commit marker) last, then the folder takes the final name."""
+    files = {p.name: _sha256(p) for p in sorted(tmp.iterdir())}
+    rest = {k: v for k, v in checkpoint.items() if k not in SHARDED_KEYS}
+    rest["optimizer_count"] = len(checkpoint["optimizer_states"])
+    atomic_save({**rest, "sharded_files": files}, tmp / MANIFEST)
+    trash = folder.with_name(f"{folder.name}{TMP_MARKER}old-{token}")
+    if folder.exists():
+        os.replace(folder, trash)
+    os.replace(tmp, folder)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def _verify(folder: Path) -> tuple[dict[str, Any] | None, str]:

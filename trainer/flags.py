@@ -56,6 +56,8 @@ class RunSpec:
     enable_model_summary: bool
     use_distributed_sampler: bool
     detect_anomaly: bool
+    terminate_on_nan: bool
+    agree_every_n_steps: int
 
 
 def _check_int(name: str, value: Any, minimum: int, extra: str = "") -> int:
@@ -162,6 +164,8 @@ def parse_flags(
     enable_model_summary: bool = True,
     use_distributed_sampler: bool = True,
     detect_anomaly: bool = False,
+    terminate_on_nan: bool = False,
+    agree_every_n_steps: int = 1,
     hardware: Hardware | None = None,
 ) -> RunSpec:
     """Validate and resolve Trainer flags. Raises ConfigError naming the flag and accepted values.
@@ -215,6 +219,7 @@ def parse_flags(
     if gradient_clip_algorithm not in ("norm", "value"):
         raise ConfigError(f"gradient_clip_algorithm={gradient_clip_algorithm!r} is not valid: use 'norm' or 'value'.")
     _check_int("log_every_n_steps", log_every_n_steps, 1)
+    _check_int("agree_every_n_steps", agree_every_n_steps, 1)
     if deterministic not in (True, False, "warn"):
         raise ConfigError(f"deterministic={deterministic!r} is not valid: use True, False or 'warn'.")
 
@@ -239,4 +244,5 @@ def parse_flags(
         enable_checkpointing=bool(enable_checkpointing) and not dev_run,
         enable_progress_bar=bool(enable_progress_bar), enable_model_summary=bool(enable_model_summary),
         use_distributed_sampler=bool(use_distributed_sampler), detect_anomaly=bool(detect_anomaly),
+        terminate_on_nan=bool(terminate_on_nan), agree_every_n_steps=agree_every_n_steps,
     )

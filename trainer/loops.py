@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from strategies.exceptions import MisconfigurationError
-from trainer import data, resume
+from trainer import data, preemption, resume
 from trainer.hooks import call_hook
 from trainer.state import RunningStage, TrainerFn
 
@@ -65,7 +65,9 @@ def train_one_batch(trainer: Trainer, batch: Any, batch_idx: int, is_last: bool)
     with s.no_backward_sync(not is_last_micro):  # wraps forward and backward
         out = trainer._run_step("training_step", batch, batch_idx)
         loss = loss_from(out)
-        if loss is not None:
+        # Every rank learns here whether any rank skips, hit a NaN, ran out of data or got a stop signal.
+        skip = trainer._control.after_training_step(trainer, loss, is_last, True)
+        if not skip and loss is not None:
             call_hook(trainer, "on_before_backward", loss)
             s.backward(loss / accumulate if accumulate > 1 else loss)
             call_hook(trainer, "on_after_backward")
@@ -85,7 +87,10 @@ def train_one_batch(trainer: Trainer, batch: Any, batch_idx: int, is_last: bool)
 
 def train_one_batch_manual(trainer: Trainer, batch: Any, batch_idx: int, is_last: bool) -> Any:
     """Manual optimization: the step does its own backward and optimizer calls."""
-    return trainer._run_step("training_step", batch, batch_idx)
+    out = trainer._run_step("training_step", batch, batch_idx)
+    loss = out.get("loss") if isinstance(out, Mapping) else out
+    trainer._control.after_training_step(trainer, loss if isinstance(loss, Tensor) else None, is_last, False)
+    return out
 
 
 def run_train_epoch(trainer: Trainer) -> None:
@@ -102,6 +107,8 @@ def run_train_epoch(trainer: Trainer) -> None:
     call_hook(trainer, "on_train_epoch_start")
     iterator, start = resume.open_epoch(trainer, loader)
     progress.epoch_batches, progress.epoch_finished = start, False
+    control = trainer._control
+    control.check_batch_counts(trainer.num_training_batches)
     if start and not progress.val_started and schedule.val_due(start - 1, start == trainer.num_training_batches):
         _validate_during_fit(trainer)  # the save came before the validation due after that batch
     for batch_idx, batch, is_last in data.iterate(iterator, trainer.num_training_batches, start):
@@ -116,6 +123,8 @@ def run_train_epoch(trainer: Trainer) -> None:
         call_hook(trainer, "on_train_batch_end", outputs, batch, batch_idx)
         if metrics.loggers:
             metrics.step_end(results, progress.total_batches, progress.global_step, progress.current_epoch)
+        if control.stop_signal:  # agreed by every rank after this same batch
+            preemption.stop_and_exit(trainer, control.stop_signal)
         if schedule.val_due(batch_idx, is_last):
             _validate_during_fit(trainer)
         if schedule.stop_in_epoch():
@@ -135,9 +144,9 @@ def _train_epoch_end(trainer: Trainer) -> None:
     """Epoch metrics (readable in on_train_epoch_end), the hook, late metrics, epoch schedulers."""
     results, p, metrics = trainer._train_results, trainer._progress, trainer._metrics
     trainer._results = results
-    metrics.epoch_end(results.epoch_end(), p.global_step, p.current_epoch)
+    metrics.epoch_end(results.epoch_end("training epoch end"), p.global_step, p.current_epoch)
     call_hook(trainer, "on_train_epoch_end")
-    metrics.epoch_end(results.epoch_end(), p.global_step, p.current_epoch)
+    metrics.epoch_end(results.epoch_end("on_train_epoch_end"), p.global_step, p.current_epoch)
     trainer._scheduler_stepper.step("epoch", p.current_epoch + 1, trainer.callback_metrics)
     p.current_epoch += 1
     p.epoch_finished, p.epoch_batches = False, 0
@@ -201,10 +210,10 @@ def _eval_epoch_end(trainer: Trainer, results: Any, stage: RunningStage, prefix:
         results.reset()
         return {}
     step = trainer._progress.global_step
-    computed = results.epoch_end()
+    computed = results.epoch_end(f"{prefix} epoch end")
     trainer._metrics.epoch_end({**computed, "logger": {}}, step, None)
     call_hook(trainer, f"on_{prefix}_epoch_end")
-    late = results.epoch_end()
+    late = results.epoch_end(f"on_{prefix}_epoch_end")
     merged = {k: {**computed[k], **late[k]} for k in computed}
     epoch = trainer.current_epoch if trainer.state.fn == TrainerFn.FITTING else None
     trainer._metrics.epoch_end(merged, step, epoch)

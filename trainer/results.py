@@ -110,8 +110,12 @@ class _Entry:
 class ResultCollection:
     """What one loop (train, validate, test) logged. The Trainer keeps one per stage."""
 
-    def __init__(self, reduce: Callable[[Tensor, str], Tensor]) -> None:
+    def __init__(self, reduce: Callable[[Tensor, str], Tensor],
+                 check_keys: Callable[[list[str], str], None] | None = None) -> None:
         self._reduce = reduce
+        self._check_keys = check_keys  # control plane: every rank reduces the same names (trainer/control.py)
+        self.defer_sync = False  # training_step's sync_dist step values wait for the step agreement
+        self._pending_sync: list[_Entry] = []
         self.entries: dict[str, _Entry] = {}
         self.current_fx: str | None = None
         self.key_suffix = ""
@@ -121,7 +125,7 @@ class ResultCollection:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_lock=None, _batch=None)
+        state.update(_lock=None, _batch=None, _check_keys=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -168,7 +172,11 @@ class ResultCollection:
                 return
             value = self._as_tensor(name, value)
             if step:
-                entry.step_value = self._reduce(value, reduce_fx) if sync_dist else value
+                if sync_dist and self.defer_sync and fx == "training_step":
+                    entry.step_value = value
+                    self._pending_sync.append(entry)
+                else:
+                    entry.step_value = self._reduce(value, reduce_fx) if sync_dist else value
             if epoch:
                 entry.update_epoch(value, self._infer_batch_size(name, batch_size, reduce_fx))
 
@@ -209,9 +217,23 @@ class ResultCollection:
                     out[entry.name] = entry.step_value
         return out
 
-    def epoch_end(self) -> dict[str, dict[str, Tensor]]:
+    def pending_sync_keys(self) -> list[str]:
+        """Names of the sync_dist step values logged in this training_step, not reduced yet."""
+        return [entry.name for entry in self._pending_sync]
+
+    def flush_sync(self) -> None:
+        """Reduce the deferred sync_dist step values (after the ranks agreed on their names)."""
+        for entry in self._pending_sync:
+            if entry.step_value is not None:
+                entry.step_value = self._reduce(entry.step_value, entry.reduce_fx)
+        self._pending_sync.clear()
+
+    def epoch_end(self, where: str = "epoch end") -> dict[str, dict[str, Tensor]]:
         """Compute epoch values (reduced across ranks with sync_dist) and reset the accumulators."""
         out: dict[str, dict[str, Tensor]] = {"callback": {}, "logger": {}, "prog_bar": {}}
+        if self._check_keys is not None:
+            synced = [e.name for e in self.entries.values() if e.on_epoch and e.pending and e.sync_dist]
+            self._check_keys(synced, where)
         for entry in self.entries.values():
             if not entry.on_epoch or not entry.pending:
                 continue
@@ -247,6 +269,7 @@ class ResultCollection:
             if entry.metric is not None:
                 entry.metric.reset()
         self.entries.clear()
+        self._pending_sync.clear()
 
 
 def to_python(metrics: Mapping[str, Any]) -> dict[str, float]:

@@ -142,6 +142,9 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | Path | None) -> Path | 
     candidates: list[Path] = []
     for cb in trainer.checkpoint_callbacks:
         candidates.extend(cb.existing_checkpoints(trainer))
+    stop_file = Path(trainer._spec.default_root_dir) / "checkpoints" / "last.ckpt"  # see trainer.preemption
+    if stop_file.exists():
+        candidates.append(stop_file)
     for logger in trainer.loggers:  # earlier versions of the same run folder
         if logger.save_dir and logger.name:
             pattern = f"{logger.name}/version_*/checkpoints/*.ckpt"

@@ -16,11 +16,13 @@ from strategies.base import _StrategyOptimizer
 from strategies.checkpoint_io import remove_stale_temp_files
 from strategies.exceptions import ConfigError, MisconfigurationError
 from trainer import checkpoint as ckpt
-from trainer import loops
+from trainer import failure, loops
+from trainer.control import ControlPlane
 from trainer.flags import parse_flags
 from trainer.hooks import HookDispatcher, _is_overridden, call_hook
 from trainer.metrics import MetricsRouter
 from trainer.optim import SchedulerConfig, SchedulerStepper, normalize_optimizers
+from trainer.preemption import StopSignals
 from trainer.properties import TrainerProperties
 from trainer.rank_result import pack_if_child
 from trainer.results import ResultCollection
@@ -67,6 +69,8 @@ class Trainer(TrainerProperties):
         use_distributed_sampler: bool = True,
         detect_anomaly: bool = False,
         profiler: Any = None,
+        terminate_on_nan: bool = False,
+        agree_every_n_steps: int = 1,
     ) -> None:
         self._spec = spec = parse_flags(
             accelerator=accelerator, devices=devices, gpus=gpus, num_nodes=num_nodes, strategy=strategy,
@@ -80,6 +84,7 @@ class Trainer(TrainerProperties):
             fast_dev_run=fast_dev_run, enable_checkpointing=enable_checkpointing,
             enable_progress_bar=enable_progress_bar, enable_model_summary=enable_model_summary,
             use_distributed_sampler=use_distributed_sampler, detect_anomaly=detect_anomaly,
+            terminate_on_nan=terminate_on_nan, agree_every_n_steps=agree_every_n_steps,
         )
         if profiler is not None:
             raise ConfigError("profiler is not supported yet; pass profiler=None (use torch.profiler directly).")
@@ -92,7 +97,10 @@ class Trainer(TrainerProperties):
         self._metrics = MetricsRouter(spec.log_every_n_steps)
         self._metrics.loggers = self.loggers
         self._hooks = HookDispatcher(self)
-        self._train_results = ResultCollection(self.strategy.all_reduce)
+        self._signals = StopSignals()
+        self._control = ControlPlane(spec.agree_every_n_steps, spec.terminate_on_nan or spec.detect_anomaly,
+                                     self._signals)
+        self._train_results = ResultCollection(self.strategy.all_reduce, self._control.check_sync_keys)
         self._results = self._train_results
         self._module: Any = None
         self.datamodule: Any = None
@@ -161,6 +169,8 @@ class Trainer(TrainerProperties):
         stage = fn.value
         try:
             self.strategy.setup_environment()
+            self._control.start(self)
+            self._train_results.defer_sync = self.world_size > 1
             self._agree_logger_versions()
             enable_determinism(self._spec.deterministic)
             if self.datamodule is not None:
@@ -179,12 +189,23 @@ class Trainer(TrainerProperties):
             return self._evaluate_or_predict(fn, loaders)
         except BaseException as exc:
             self.state.status = TrainerStatus.INTERRUPTED
+            clearer = self._report_failure(exc)
             call_hook(self, "on_exception", exc)
             if isinstance(exc, KeyboardInterrupt):
                 return None
+            if clearer is not None:
+                raise clearer from exc
             raise
         finally:
             self._teardown(stage)
+
+    def _report_failure(self, exc: BaseException) -> BaseException | None:
+        """With several ranks: print the root cause rank-prefixed, first; name a lost or hung peer clearly."""
+        if self.world_size == 1 or isinstance(exc, (SystemExit, KeyboardInterrupt)):
+            return None
+        clearer = failure.peer_failure(exc, self.global_rank)
+        failure.report(clearer if clearer is not None else exc, self.global_rank)
+        return clearer
 
     def _agree_logger_versions(self) -> None:
         """Rank 0 picks each logger's version_N; the others take it, so every rank names the same folder."""
@@ -255,6 +276,7 @@ class Trainer(TrainerProperties):
         self._schedule.start(self._loaders.num_train, bool(self._loaders.val))
         self._metrics.watch(self._train_results)
         call_hook(self, "on_fit_start")
+        self._signals.install()  # restored in _teardown
         with torch.autograd.set_detect_anomaly(self._spec.detect_anomaly):
             loops.run_fit(self)
         self.state.status = TrainerStatus.FINISHED
@@ -277,6 +299,7 @@ class Trainer(TrainerProperties):
             for logger in self.loggers:
                 logger.finalize("success" if self.state.status == TrainerStatus.FINISHED else "failed")
         finally:
+            self._signals.restore()
             self.strategy.teardown()
             self.state.stage = None
 
@@ -315,7 +338,7 @@ class Trainer(TrainerProperties):
         return self._loaders.val, self._loaders.val_limits
 
     def _new_eval_results(self) -> ResultCollection:
-        return ResultCollection(self.strategy.all_reduce)
+        return ResultCollection(self.strategy.all_reduce, self._control.check_sync_keys)
 
 
 def _looks_like_datamodule(obj: Any) -> bool:

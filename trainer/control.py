@@ -1,0 +1,152 @@
+"""The control plane: one small all-reduce at step boundaries, so that every rank takes the same branch.
+
+Why: a rank that decides alone (to stop, to skip a step, that its data ran out, that its loss is NaN,
+which metrics to sync) leaves the others waiting in a collective it never joins, until the process
+group times out 10-30 minutes later. Here each rank contributes its flags and all ranks act on the
+reduced result. Flags are encoded as `rank + 1` (0 = not set) and reduced with MAX, so the result also
+names a rank that set each one; a key-set hash travels as (h, -h) so MAX yields both max and -min.
+
+The agreement runs after `training_step` and before backward (skip and NaN must be settled before any
+rank starts the gradient all-reduce). With one process it is a few attribute reads, no tensor op.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from strategies.exceptions import DistributedDesyncError, TrainerError
+
+if TYPE_CHECKING:
+    from trainer.preemption import StopSignals
+    from trainer.trainer import Trainer
+
+# Slots of the step agreement vector.
+_STOP, _SKIP, _NONFINITE, _LAST, _MORE, _KEYS, _NEG_KEYS = range(7)
+_SIZE = 7
+
+
+class NonFiniteLossError(TrainerError, FloatingPointError):
+    """The training loss was NaN or inf on some rank; every rank stops at the same step."""
+
+
+def keys_hash(keys: Iterable[str]) -> int:
+    """A hash of a set of metric names that is the same in every process (str hash() is salted)."""
+    return zlib.crc32("\0".join(sorted(keys)).encode())
+
+
+class ControlPlane:
+    """Agrees on stop / skip / non-finite loss / end of data / synced metric names across ranks."""
+
+    def __init__(self, every_n_steps: int, check_finite: bool, signals: StopSignals) -> None:
+        self.every_n_steps = every_n_steps
+        self.check_finite = check_finite
+        self.signals = signals
+        self.stop_signal = 0  # agreed signal number to stop on after this batch; 0 = keep going
+        self._strategy: Any = None
+        self._rank, self._world = 0, 1
+
+    def start(self, trainer: Trainer) -> None:
+        self._strategy = trainer.strategy
+        self._rank, self._world = trainer.global_rank, trainer.world_size
+        self.stop_signal = 0
+
+    # --- once per step ------------------------------------------------------------------------------
+    def after_training_step(self, trainer: Trainer, loss: Tensor | None, is_last: bool, can_skip: bool) -> bool:
+        """Settle this step on every rank; returns True when every rank skips backward and the optimizer.
+
+        Raises NonFiniteLossError or DistributedDesyncError on every rank at once.
+        """
+        if self._world == 1:
+            if self.check_finite and loss is not None and not bool(torch.isfinite(loss.detach())):
+                raise self._nonfinite(trainer, self._rank, loss)
+            self.stop_signal = self.signals.received
+            return loss is None
+        if trainer._progress.total_batches % self.every_n_steps and not is_last:
+            trainer._results.flush_sync()  # not due: ranks act on local knowledge (see docs/reliability.md)
+            return loss is None
+        return self._agree_step(trainer, loss, is_last, can_skip)
+
+    def _agree_step(self, trainer: Trainer, loss: Tensor | None, is_last: bool, can_skip: bool) -> bool:
+        me = self._rank + 1
+        flags = [0] * _SIZE
+        flags[_STOP] = self.signals.received
+        if can_skip and loss is None:
+            flags[_SKIP] = me
+        if self.check_finite and loss is not None and not bool(torch.isfinite(loss.detach())):
+            flags[_NONFINITE] = me
+        flags[_LAST if is_last else _MORE] = me
+        results = trainer._results
+        pending = results.pending_sync_keys()
+        flags[_KEYS] = h = keys_hash(pending)
+        flags[_NEG_KEYS] = -h
+        agreed = self._strategy.agree(flags)
+        if agreed[_KEYS] != -agreed[_NEG_KEYS]:
+            self._raise_key_mismatch(pending, "training_step")
+        if agreed[_NONFINITE]:
+            raise self._nonfinite(trainer, agreed[_NONFINITE] - 1, loss)
+        if agreed[_LAST] and agreed[_MORE]:
+            raise DistributedDesyncError(
+                f"rank {agreed[_LAST] - 1} ran out of training data at batch {trainer._progress.epoch_batches} of "
+                f"epoch {trainer.current_epoch}, but rank {agreed[_MORE] - 1} has more batches. Every rank must see "
+                "the same number of batches: keep use_distributed_sampler=True, or make your sampler/dataset yield "
+                "equal counts per rank (drop_last, or pad)."
+            )
+        results.flush_sync()
+        self.stop_signal = agreed[_STOP]
+        return bool(agreed[_SKIP])
+
+    def _nonfinite(self, trainer: Trainer, rank: int, loss: Tensor | None) -> NonFiniteLossError:
+        what = f"{loss.item()}" if loss is not None and rank == self._rank else "not finite"
+        return NonFiniteLossError(
+            f"the training loss on rank {rank} is {what} at global step {trainer.global_step} (epoch "
+            f"{trainer.current_epoch}, batch {trainer._progress.epoch_batches}); every rank stops here, before the "
+            "optimizer step, so the weights and the last checkpoint are not touched by it. Lower the learning rate, "
+            "clip gradients, or check the data of that batch."
+        )
+
+    # --- once per epoch / evaluation ------------------------------------------------------------------
+    def check_batch_counts(self, count: int | float) -> None:
+        """Before a training epoch: every rank must have the same number of batches (known lengths)."""
+        if self._world == 1:
+            return
+        n = -1 if count == math.inf else int(count)
+        agreed = self._strategy.agree([n, -n])
+        if agreed[0] == -agreed[1]:
+            return
+        counts = self._strategy.all_gather_object(n)  # every rank saw the mismatch: a lock-step collective
+        shown = ", ".join(f"rank {r}: {'unknown' if c < 0 else c}" for r, c in enumerate(counts))
+        raise DistributedDesyncError(
+            f"the ranks have different numbers of training batches this epoch ({shown}); the rank with fewer "
+            "would leave the others waiting in a collective. Keep use_distributed_sampler=True, or make your "
+            "sampler give every rank the same count (drop_last=True, or pad), or set limit_train_batches."
+        )
+
+    def check_sync_keys(self, keys: list[str], where: str) -> None:
+        """Before reducing epoch metrics with sync_dist: every rank must reduce the same names, in order."""
+        if self._world == 1:
+            return
+        h = keys_hash(keys)
+        agreed = self._strategy.agree([h, -h])
+        if agreed[0] != -agreed[1]:
+            self._raise_key_mismatch(keys, where)
+
+    def _raise_key_mismatch(self, keys: list[str], where: str) -> None:
+        per_rank = self._strategy.all_gather_object(sorted(keys))  # all ranks are here: lock-step
+        union = sorted(set().union(*per_rank))
+        details = []
+        for name in union:
+            have = [r for r, ks in enumerate(per_rank) if name in ks]
+            if len(have) != len(per_rank):
+                missing = [r for r in range(len(per_rank)) if r not in have]
+                details.append(f"metric {name!r} logged with sync_dist on ranks {have} but not {missing}")
+        raise DistributedDesyncError(
+            f"{'; '.join(details)} (in {where}). A value logged with sync_dist=True is reduced across ranks, so "
+            "every rank must log it at the same point; log it on every rank, or use sync_dist=False for "
+            "rank-local values."
+        )
