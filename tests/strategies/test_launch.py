@@ -8,191 +8,26 @@ out of the test) the whole process group is terminated, then killed, along with 
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
 from strategies.distributed import find_free_port
+from tests.helpers.launch import REPO, TORCHRUN, _alive, _survivors, launch
+from tests.helpers.launch import assert_ok as _assert_ok
+from tests.helpers.launch import clean_env as _env
 
 pytestmark = [pytest.mark.distributed,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to find survivors")]
 
-REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "scripts" / "train_ranks.py"
 DIGITS = REPO / "examples" / "digits.py"
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
-LAUNCH_TIMEOUT_S = 75.0  # one 2-rank launch takes 10-20 s on 2 busy cores; pytest-timeout is the outer bound
 # BoringModel: 64 samples, batch 8, 2 ranks -> 4 steps per epoch, 2 epochs.
 STEPS = 8
-_RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR",
-              "MASTER_PORT", "TRAIN_RANKS_FAIL")
-
-
-def _env(**extra: str) -> dict[str, str]:
-    """A clean child environment: no rank/cluster variables leaking in from the test process."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in _RANK_VARS and not k.startswith(("SLURM_", "TORCHELASTIC_", "PET_"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1")
-    env.update(extra)
-    return env
-
-
-@dataclass
-class Finished:
-    returncode: int
-    output: str
-    seconds: float  # from the start of the launch until every process had exited
-    ended_at: float  # wall clock (time.time()) when every process had exited
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie has exited; it only waits for its parent (or init) to reap it
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
-
-
-def _recorded_pids(out: Path) -> list[int]:
-    """Every process that ran the script (pids.txt) and every rank that finished fit (spawned ranks included)."""
-    pids = set()
-    marker = out / "pids.txt"
-    if marker.exists():
-        pids.update(int(line) for line in marker.read_text().split())
-    for path in out.glob("rank*.pt"):
-        try:
-            pids.add(int(torch.load(path, weights_only=True)["pid"]))
-        except Exception:  # a rank killed while writing: the pgroup scan and pids.txt still cover it
-            pass
-    return sorted(pids)
-
-
-def _group_members(pgids: set[int]) -> set[int]:
-    """Live processes whose process group is one of `pgids` (a /proc scan: no ps, no psutil)."""
-    members = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue
-        if fields[0] != "Z" and int(fields[2]) in pgids:  # fields: state, ppid, pgrp, ...
-            members.add(int(entry))
-    return members
-
-
-def _describe(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            command = f.read().replace(b"\0", b" ").decode(errors="replace")
-        return f"{pid}: {command[:200]}"
-    except OSError:
-        return f"{pid}: (gone)"
-
-
-def _survivors(pids: list[int], pgids: set[int] | None = None, grace_s: float = 3.0) -> list[int]:
-    """The processes among `pids` and in the groups `pgids` still alive after `grace_s`."""
-    deadline = time.monotonic() + grace_s
-    while True:
-        left = sorted(({pid for pid in pids if _alive(pid)} | _group_members(pgids or set())) - {os.getpid()})
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.1)
-
-
-def _kill_everything(procs: list[subprocess.Popen], out: Path) -> None:
-    """SIGTERM each process group (torchrun forwards it to its workers), then SIGKILL whatever is left."""
-    for proc in procs:
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + 5
-    for proc in procs:
-        try:
-            proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-    for proc in procs:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        proc.wait()
-    for pid in _recorded_pids(out):
-        if _alive(pid):
-            os.kill(pid, signal.SIGKILL)
-    # SIGKILL is delivered asynchronously: wait until the kernel has actually ended them.
-    _survivors(_recorded_pids(out), {proc.pid for proc in procs}, grace_s=5.0)
-
-
-def launch(commands: list[tuple[list[str], dict[str, str]]], out: Path, timeout: float = LAUNCH_TIMEOUT_S,
-           grace_s: float = 3.0) -> list[Finished]:
-    """Start every command at once (each in its own session), wait for all with one deadline, and make sure that
-    no process started here, nor any process that ran the script, outlives the call (by more than `grace_s`)."""
-    out.mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
-    procs: list[subprocess.Popen] = []
-    logs = []
-    try:
-        for i, (cmd, env) in enumerate(commands):
-            log = open(out / f"launch{i}.log", "w+")  # files, not pipes: concurrent ranks cannot block on output
-            logs.append(log)
-            procs.append(subprocess.Popen(cmd, env=env, cwd=out.parent, stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, start_new_session=True))
-        deadline = start + timeout
-        timed_out = False
-        for proc in procs:
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                break
-        seconds, ended_at = time.monotonic() - start, time.time()
-        # Before any clean-up kill: a rank that outlived its launcher (e.g. a child of our own launcher, which
-        # stays in the launcher's process group, or a torchrun worker, which ran the script) is a bug.
-        survivors = [] if timed_out else _survivors(_recorded_pids(out), {proc.pid for proc in procs}, grace_s)
-        survivors_text = "\n".join(_describe(pid) for pid in survivors)
-    except BaseException:
-        for log in logs:
-            log.close()
-        raise
-    finally:  # also on timeout, pytest-timeout's exception or Ctrl-C: never leave a process behind
-        _kill_everything(procs, out)
-    results = []
-    for proc, log in zip(procs, logs, strict=True):
-        log.seek(0)
-        results.append(Finished(proc.returncode, log.read(), seconds, ended_at))
-        log.close()
-    if timed_out:
-        outputs = "\n".join(f"--- command {i} (rc {r.returncode}) ---\n{r.output[-4000:]}"
-                            for i, r in enumerate(results))
-        pytest.fail(f"launch did not finish within {timeout:.0f} s; processes killed.\n{outputs}")
-    assert not survivors, f"processes still alive after the launch finished (now killed):\n{survivors_text}"
-    return results
-
-
-def _assert_ok(results: list[Finished]) -> None:
-    for i, res in enumerate(results):
-        assert res.returncode == 0, f"command {i} exited with {res.returncode}:\n{res.output[-6000:]}"
 
 
 def _script(*args: str) -> list[str]:
