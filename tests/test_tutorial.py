@@ -5,7 +5,8 @@ Conventions of the page (what a reader does, and what this test does):
   into the working folder, as the reader saves it; a later block with the same name replaces it.
 - A ```bash block is commands to run in that folder. The test runs it with `bash -e`, with the running
   interpreter's folder first on PATH (so `python` and `torchrun` are this environment's), the repository on
-  PYTHONPATH, and no rank or cluster variables inherited.
+  PYTHONPATH, `OMP_NUM_THREADS=1` (what the launched ranks get anyway), and no rank or cluster variables
+  inherited.
 - A ```text block titled "Output" right after a ```bash block lists lines that command prints: each must
   appear in its output, in order. A number with a decimal point matches any such number (accuracies and
   losses vary with torch versions and CPUs), and `...` matches anything (e.g. the start of an absolute
@@ -39,7 +40,7 @@ BLOCK_TIMEOUT_S = 150  # one command: a 2-rank launch takes 10-40 s on 2 busy co
 _FENCE = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```$", re.M | re.S)
 _DECIMAL = re.compile(r"\d+\.\d+")
 _CLEAN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR",
-               "MASTER_PORT", "OMP_NUM_THREADS")
+               "MASTER_PORT")
 
 
 @dataclass
@@ -82,6 +83,7 @@ def _env() -> dict[str, str]:
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     env["PYTHONUNBUFFERED"] = "1"
+    env["OMP_NUM_THREADS"] = "1"  # a 10k-parameter MLP: one thread is fastest, and steady on a shared 2-core box
     return env
 
 
