@@ -30,6 +30,25 @@ class ModelCheckpoint(Callback):
 
     Without `monitor`, keeps the latest checkpoint (top-1 by recency). With `monitor`, keeps the
     `save_top_k` best by `mode`; `save_top_k=-1` keeps all. `save_last=True` also writes `last.ckpt`.
+    Every option is described in docs/checkpointing.md.
+
+    Args:
+        dirpath: the folder; default `<log_dir>/checkpoints` (`<default_root_dir>/checkpoints` without a logger).
+        filename: a template filled with `epoch`, `step` and logged metrics, e.g. `"{epoch}-{val_loss:.3f}"`.
+        monitor: a logged metric to rank checkpoints by; None keeps the latest.
+        verbose: log every save on rank 0.
+        save_last: also write `last.ckpt` at every save.
+        save_top_k: with `monitor`, how many of the best to keep (-1 all, 0 none).
+        mode: `"min"` or `"max"`: which direction of `monitor` is better.
+        every_n_epochs: save at the end of every n-th epoch (default 1 unless a step or time cadence is given).
+        every_n_train_steps: save after a training batch when `global_step % n == 0`.
+        train_time_interval: a `timedelta`: save when that much time passed since the last time-based save.
+        save_on_train_epoch_end: save in `on_train_epoch_end` instead of after validation.
+        save_weights_only: write weights only (not resumable).
+        auto_insert_metric_name: write `name=value` for each field of `filename`.
+
+    Raises:
+        ConfigError: an invalid `mode` or `save_top_k`, or more than one cadence.
     """
 
     is_monitoring_callback = True

@@ -18,7 +18,23 @@ class EarlyStopping(Callback):
     """Stop training when `monitor` has not improved by `min_delta` for `patience` checks.
 
     Checks run after validation, or at the end of each training epoch when there is no validation
-    (or when `check_on_train_epoch_end=True`).
+    (or when `check_on_train_epoch_end=True`). The decision is reduced across ranks (any rank may
+    stop the run), so every rank stops at the same step.
+
+    Args:
+        monitor: the logged metric to watch.
+        min_delta: the smallest change that counts as an improvement.
+        patience: checks without improvement before stopping.
+        verbose: report each improvement and the stop on rank 0.
+        mode: `"min"` or `"max"`: which direction of `monitor` is better.
+        strict: a missing `monitor` key is an error (False: skip the check).
+        check_finite: stop when the metric becomes NaN or infinite.
+        stopping_threshold: stop as soon as the metric is better than this.
+        divergence_threshold: stop as soon as the metric is worse than this.
+        check_on_train_epoch_end: check at the end of the training epoch instead of after validation.
+
+    Raises:
+        ConfigError: an invalid `mode` or a negative `patience`.
     """
 
     is_monitoring_callback = True

@@ -16,6 +16,15 @@ class LearningRateMonitor(Callback):
     """Logs `lr-<Optimizer>` (with `/pg<i>` per param group when there are several) to the loggers.
 
     `logging_interval`: "step", "epoch", or None (each scheduler's own interval; "epoch" without schedulers).
+
+    Args:
+        logging_interval: `"step"` (every `log_every_n_steps`), `"epoch"`, or None.
+        log_momentum: also log `momentum` (or Adam's `beta1`).
+        log_weight_decay: also log `weight_decay`.
+
+    Raises:
+        ConfigError: an invalid `logging_interval`.
+        MisconfigurationError: at fit start, when the Trainer has no logger.
     """
 
     def __init__(self, logging_interval: str | None = None, log_momentum: bool = False,

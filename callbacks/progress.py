@@ -42,6 +42,11 @@ class ProgressBar(Callback):
     On a terminal it draws tqdm bars, reading metrics (a device sync) only when tqdm redraws; when
     stdout is not a terminal it prints one plain line per epoch and per evaluation instead.
     `plain=None` decides by `sys.stdout.isatty()`.
+
+    Args:
+        refresh_rate: redraw every N batches.
+        leave: keep each finished bar on screen.
+        plain: True forces plain lines, False forces tqdm bars, None decides by the terminal.
     """
 
     def __init__(self, refresh_rate: int = 1, leave: bool = False, plain: bool | None = None) -> None:

@@ -114,7 +114,15 @@ def move_to_device(batch: Any, device: torch.device) -> Any:
 
 
 class Strategy(ABC):
-    """Owns device placement, wrapping, backward, optimizer stepping, collectives and checkpoint I/O."""
+    """Owns device placement, wrapping, backward, optimizer stepping, collectives and checkpoint I/O.
+
+    The Trainer calls these methods unconditionally and never asks which strategy it has, so swapping
+    `strategy=` needs no change to the TrainModule. Every method is called on every rank unless its
+    docstring says otherwise; the collectives and the checkpoint methods must be.
+
+    Args:
+        precision: the Precision object (autocast, loss scaling, casting); full fp32 when None.
+    """
 
     global_rank: int = 0
     local_rank: int = 0
@@ -155,6 +163,7 @@ class Strategy(ABC):
 
     @property
     def is_global_zero(self) -> bool:
+        """True on global rank 0, the rank that writes logs and checkpoints."""
         return self.global_rank == 0
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -197,6 +206,7 @@ class Strategy(ABC):
         raise RuntimeError("Strategy.setup_module() must run before step().")
 
     def backward(self, loss: Tensor) -> None:
+        """Backward through the precision object (which scales the loss under 16-mixed)."""
         self.precision.backward(loss)
 
     def no_backward_sync(self, enabled: bool) -> AbstractContextManager:
@@ -237,13 +247,16 @@ class Strategy(ABC):
         return None
 
     def batch_to_device(self, batch: Any) -> Any:
+        """Move the tensors of a (nested) batch to this rank's device, cast for `*-true` precisions."""
         return self.precision.convert_input(move_to_device(batch, self.root_device))
 
     # --- collectives (identities when world_size == 1) ------------------------------------------
     def all_reduce(self, tensor: Tensor, op: ReduceOp = "mean") -> Tensor:
+        """Reduce `tensor` over all ranks with `op` ("mean", "sum", "max", "min"); identity on one process."""
         return distributed.all_reduce(tensor, op)
 
     def all_gather(self, tensor: Tensor) -> Tensor:
+        """Every rank's `tensor`, stacked along a new first dimension indexed by rank."""
         return distributed.all_gather(tensor)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
@@ -251,9 +264,11 @@ class Strategy(ABC):
         return distributed.all_gather_object(obj)
 
     def broadcast(self, obj: T, src: int = 0) -> T:
+        """Rank `src`'s picklable `obj`, on every rank."""
         return distributed.broadcast_object(obj, src)
 
     def barrier(self, name: str | None = None) -> None:
+        """Wait until every rank gets here; `name` only labels the call."""
         distributed.barrier()
 
     def agree(self, values: list[int]) -> list[int]:
@@ -275,9 +290,11 @@ class Strategy(ABC):
 
     # --- checkpoint (collective: call on every rank) ----------------------------------------------
     def module_state_dict(self) -> dict[str, Any]:
+        """The module's state dict with the plain module's keys (may be empty on ranks other than 0)."""
         return self.module.state_dict()
 
     def optimizer_state_dict(self, optimizer: Optimizer) -> dict[str, Any]:
+        """The optimizer's full state dict, gathered from the shards where the strategy shards it."""
         return optimizer.state_dict()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path) -> None:
@@ -301,12 +318,15 @@ class Strategy(ABC):
             raise CheckpointSaveError("; ".join(failed))
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        """Read a checkpoint with `torch.load(weights_only=True)`; damage becomes a `CheckpointLoadError`."""
         return checkpoint_io.safe_load(path, map_location="cpu")
 
     def load_module_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> None:
+        """Load a plain (unwrapped, unsharded) state dict into the module."""
         self.module.load_state_dict(state_dict, strict=strict)
 
     def load_optimizer_state_dict(self, optimizer: Optimizer, state_dict: dict[str, Any]) -> None:
+        """Load a full optimizer state dict (as `optimizer_state_dict` returns it) into `optimizer`."""
         optimizer.load_state_dict(state_dict)
 
     # --- access -------------------------------------------------------------------------------

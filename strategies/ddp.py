@@ -45,7 +45,34 @@ def default_backend(device_type: str) -> str:
 
 
 class DDPStrategy(Strategy):
-    """Data-parallel training over `len(devices) x num_nodes` processes with torch's DDP."""
+    """Data-parallel training over `len(devices) x num_nodes` processes with torch's DDP.
+
+    `strategy="ddp"` and `"ddp_spawn"` build this class; pass an instance for its options. Under torchrun or
+    SLURM the ranks join the launcher's world; otherwise rank 0 starts the other local ranks (see
+    docs/distributed.md). A DistributedSampler is injected into plain DataLoaders.
+
+    Args:
+        devices: this machine's devices, one process each; None takes the Trainer's `devices`.
+        num_nodes: the number of machines (an instance built without `devices` takes the Trainer's devices
+            and num_nodes).
+        precision: the Precision object; full fp32 when None.
+        process_group_backend: `"nccl"` (default for CUDA), `"gloo"` (default for CPU) or `"mpi"`.
+        timeout: how long a collective waits for a missing rank (a `timedelta` or seconds).
+        start_method: `"subprocess"` re-runs the script per extra rank (`"ddp"`); `"spawn"` uses
+            torch.multiprocessing (`"ddp_spawn"`); `"fork"` forks.
+        find_unused_parameters: passed to DistributedDataParallel.
+        static_graph: passed to DistributedDataParallel.
+        **ddp_kwargs: further DistributedDataParallel options (e.g. `gradient_as_bucket_view=True`).
+
+    Raises:
+        ConfigError: an unknown backend or start method, `"nccl"` without CUDA, or `"mpi"` without MPI.
+
+    Example:
+        ```python
+        strategy = DDPStrategy(process_group_backend="gloo", timeout=timedelta(minutes=30))
+        trainer = Trainer(accelerator="cpu", devices=2, strategy=strategy)
+        ```
+    """
 
     def __init__(
         self,

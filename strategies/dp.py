@@ -26,7 +26,18 @@ def _mean_over_replicas(value: Any) -> Any:
 
 
 class DataParallelStrategy(Strategy):
-    """`strategy="dp"`: scatter each batch over the local GPUs, average the per-replica losses."""
+    """`strategy="dp"`: scatter each batch over the local GPUs, average the per-replica losses.
+
+    One process and one thread per GPU; the replicas are re-broadcast every step, so DDP is faster.
+    No distributed sampler is injected: each batch is split along its first dimension.
+
+    Args:
+        devices: the CUDA devices to use; None means `cuda:0`.
+        precision: the Precision object; full fp32 when None.
+
+    Raises:
+        ConfigError: without CUDA (use `strategy="ddp", accelerator="cpu"` on CPU), or with non-CUDA devices.
+    """
 
     def __init__(self, devices: list[torch.device] | None = None, precision: Precision | None = None) -> None:
         super().__init__(precision)
@@ -58,6 +69,7 @@ class DataParallelStrategy(Strategy):
         return nn.DataParallel(router, device_ids=[d.index for d in self.parallel_devices])
 
     def batch_to_device(self, batch: Any) -> Any:
+        """Leave the batch where it is: DataParallel scatters it to the GPUs itself."""
         return self.precision.convert_input(batch)  # DataParallel scatters the batch itself
 
     def step(self, method: str, *args: Any) -> Any:

@@ -12,7 +12,12 @@ from strategies.precision import Precision
 
 
 class SingleDeviceStrategy(Strategy):
-    """Train on exactly one device with no wrapper; every collective is the identity."""
+    """Train on exactly one device with no wrapper; every collective is the identity.
+
+    Args:
+        device: the device, e.g. `"cpu"` or `"cuda:0"`.
+        precision: the Precision object; full fp32 when None.
+    """
 
     def __init__(self, device: str | torch.device = "cpu", precision: Precision | None = None) -> None:
         super().__init__(precision)

@@ -51,6 +51,31 @@ class ZeroStrategy(DDPStrategy):
 
     `shard_modules`: module classes to shard as units for stages 2 and 3 (e.g. your transformer
     block); by default every submodule that owns parameters is a unit, then the root.
+    `strategy="zero1"`, `"zero2"` and `"zero3"` build this class; see docs/zero.md.
+
+    Args:
+        stage: 1 shards the optimizer state (DDP + ZeroRedundancyOptimizer); 2 also the gradients and 3 also
+            the parameters (FSDP2 `fully_shard`, keeping resp. freeing the gathered parameters after forward).
+        devices: this machine's devices; None takes the Trainer's.
+        num_nodes: the number of machines.
+        precision: the Precision object; stages 2 and 3 support 32-true, bf16-mixed and bf16-true.
+        shard_modules: for stages 2 and 3, the module classes that become FSDP2 units.
+        sharded_checkpoint: for stages 2 and 3, every rank writes its own shards into a checkpoint folder
+            instead of rank 0 writing one full file.
+        **ddp_kwargs: `process_group_backend`, `timeout`, `start_method` as for DDPStrategy; for stage 1 also
+            DistributedDataParallel's options.
+
+    Attributes:
+        stage: the ZeRO stage, 1, 2 or 3.
+
+    Raises:
+        ConfigError: an invalid stage, an unsupported precision, DDP options for stages 2 and 3, or
+            `sharded_checkpoint=True` with stage 1.
+
+    Example:
+        ```python
+        trainer = Trainer(accelerator="cpu", devices=2, strategy=ZeroStrategy(stage=3, shard_modules=(Block,)))
+        ```
     """
 
     def __init__(self, stage: int = 1, devices: list[torch.device] | None = None, num_nodes: int = 1,

@@ -15,7 +15,8 @@ class DataModule(DataHooks):
         self.hparams = AttributeDict()
 
     def prepare_data(self) -> None:
-        """Runs once per node before setup (download or write files here)."""
+        """Download or write files here. Called on every rank before `setup` (Lightning: once per node),
+        so make it safe to run concurrently."""
 
     def setup(self, stage: str) -> None:
         """Build datasets; `stage` is 'fit', 'validate', 'test' or 'predict'."""

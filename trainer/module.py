@@ -43,18 +43,22 @@ class DataHooks:
 
     @_default_hook
     def train_dataloader(self) -> Any:
+        """The training loader, when not passed to `fit`: a `DataLoader` (or any iterable of batches)."""
         return None
 
     @_default_hook
     def val_dataloader(self) -> Any:
+        """The validation loader, or a list of them (metric keys then get `/dataloader_idx_N`)."""
         return None
 
     @_default_hook
     def test_dataloader(self) -> Any:
+        """The test loader, or a list of them, for `trainer.test()`."""
         return None
 
     @_default_hook
     def predict_dataloader(self) -> Any:
+        """The predict loader, or a list of them, for `trainer.predict()`."""
         return None
 
 
@@ -62,6 +66,30 @@ class TrainModule(DataHooks, nn.Module):
     """Subclass this: define `training_step` and `configure_optimizers`, optionally the other hooks.
 
     Every hook below is a no-op here; the Trainer calls them in the order documented in trainer.hooks.
+    The module never handles devices, ranks or wrappers: the same subclass runs on one device, under
+    DDP or ZeRO, chosen by `Trainer(strategy=...)`.
+
+    Attributes:
+        automatic_optimization: True (the default) lets the Trainer run backward and the optimizer step;
+            set it to False in `__init__` to step yourself with `self.optimizers()` and `self.manual_backward`.
+
+    Example:
+        ```python
+        class Classifier(TrainModule):
+            def __init__(self, lr: float = 1e-3):
+                super().__init__()
+                self.save_hyperparameters()
+                self.net = nn.Linear(64, 10)
+
+            def training_step(self, batch, batch_idx):
+                x, y = batch
+                loss = nn.functional.cross_entropy(self.net(x), y)
+                self.log("train_loss", loss)
+                return loss
+
+            def configure_optimizers(self):
+                return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+        ```
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -74,6 +102,7 @@ class TrainModule(DataHooks, nn.Module):
     # --- properties --------------------------------------------------------------------------
     @property
     def trainer(self) -> Trainer:
+        """The Trainer running this module; a RuntimeError outside fit/validate/test/predict."""
         if self._trainer is None:
             raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer; call it from inside fit/validate.")
         return self._trainer
@@ -84,6 +113,7 @@ class TrainModule(DataHooks, nn.Module):
 
     @property
     def device(self) -> torch.device:
+        """The device of the module's first parameter (or buffer); CPU for a module without any."""
         for tensor in self.parameters():
             return tensor.device
         for tensor in self.buffers():
@@ -92,26 +122,38 @@ class TrainModule(DataHooks, nn.Module):
 
     @property
     def global_rank(self) -> int:
+        """This process's rank among all processes (0 without a Trainer)."""
         return self._trainer.global_rank if self._trainer is not None else 0
 
     @property
     def local_rank(self) -> int:
+        """This process's rank on its machine (0 without a Trainer)."""
         return self._trainer.local_rank if self._trainer is not None else 0
 
     @property
     def current_epoch(self) -> int:
+        """The Trainer's current epoch, counted from 0 (0 without a Trainer)."""
         return self._trainer.current_epoch if self._trainer is not None else 0
 
     @property
     def global_step(self) -> int:
+        """Optimizer steps taken so far (0 without a Trainer)."""
         return self._trainer.global_step if self._trainer is not None else 0
 
     @property
     def hparams(self) -> AttributeDict:
+        """What `save_hyperparameters` recorded, readable as attributes (`self.hparams.lr`)."""
         return self._hparams
 
     # --- steps (override) --------------------------------------------------------------------
     def training_step(self, *args: Any, **kwargs: Any) -> Tensor | Mapping[str, Any] | None:
+        """Compute the loss of one batch; required for `fit`. Called as `training_step(batch, batch_idx)`.
+
+        Returns:
+            The loss as a scalar tensor, a dict with the loss under `"loss"` (other keys reach
+            `on_train_batch_end`), or None to skip the optimizer step for this batch. In manual
+            optimization the return value is not used for backward.
+        """
         raise MisconfigurationError(
             f"{type(self).__name__} does not define training_step(batch, batch_idx); it is required for fit()."
         )
@@ -127,46 +169,142 @@ class TrainModule(DataHooks, nn.Module):
         return self(batch)
 
     def configure_optimizers(self) -> Any:
+        """Build the optimizer(s) and LR scheduler(s); required for `fit`.
+
+        Called after the strategy has set the module up (ZeRO-2/3 replace the parameters when they shard
+        them), so build the optimizer from `self.parameters()` here, not in `__init__`.
+
+        Returns:
+            An optimizer; a list of optimizers; a tuple `(optimizers, schedulers)`; or a dict
+            `{"optimizer": opt, "lr_scheduler": sched}`, where `sched` may itself be a dict with `"scheduler"`,
+            `"interval"` (`"epoch"` or `"step"`), `"frequency"` and `"monitor"` (a logged metric name).
+        """
         raise MisconfigurationError(
             f"{type(self).__name__} does not define configure_optimizers(); it must return an optimizer "
             "(or a list, a tuple (optimizers, schedulers), or a dict with 'optimizer' and 'lr_scheduler')."
         )
 
     # --- lifecycle hooks (no-ops) --------------------------------------------------------------
-    def setup(self, stage: str) -> None: ...
-    def teardown(self, stage: str) -> None: ...
-    def on_fit_start(self) -> None: ...
-    def on_fit_end(self) -> None: ...
-    def on_train_start(self) -> None: ...
-    def on_train_end(self) -> None: ...
-    def on_train_epoch_start(self) -> None: ...
-    def on_train_epoch_end(self) -> None: ...
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None: ...
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
-    def on_before_backward(self, loss: Tensor) -> None: ...
-    def on_after_backward(self) -> None: ...
-    def on_before_optimizer_step(self, optimizer: Optimizer) -> None: ...
-    def on_before_zero_grad(self, optimizer: Optimizer) -> None: ...
-    def on_validation_start(self) -> None: ...
-    def on_validation_end(self) -> None: ...
-    def on_validation_epoch_start(self) -> None: ...
-    def on_validation_epoch_end(self) -> None: ...
-    def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
-    def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
-    def on_test_start(self) -> None: ...
-    def on_test_end(self) -> None: ...
-    def on_test_epoch_start(self) -> None: ...
-    def on_test_epoch_end(self) -> None: ...
-    def on_test_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
-    def on_test_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
-    def on_predict_start(self) -> None: ...
-    def on_predict_end(self) -> None: ...
-    def on_predict_epoch_start(self) -> None: ...
-    def on_predict_epoch_end(self) -> None: ...
-    def on_predict_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
-    def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None: ...
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None: ...
+    def setup(self, stage: str) -> None:
+        """Called on every rank at the start of fit, validate, test and predict.
+
+        It runs after the datamodule's `setup` and before the module moves to its device.
+        `stage` is 'fit', 'validate', 'test' or 'predict'.
+        """
+
+    def teardown(self, stage: str) -> None:
+        """Called on every rank at the end of every run, also after an exception; `stage` as in `setup`."""
+
+    def on_fit_start(self) -> None:
+        """Called once per fit, after `configure_optimizers` and any checkpoint restore."""
+
+    def on_fit_end(self) -> None:
+        """Called once when fit finished without an exception."""
+
+    def on_train_start(self) -> None:
+        """Called after the sanity check, before the first training epoch."""
+
+    def on_train_end(self) -> None:
+        """Called after the last training epoch."""
+
+    def on_train_epoch_start(self) -> None:
+        """Called at the start of every training epoch."""
+
+    def on_train_epoch_end(self) -> None:
+        """Called at the end of every training epoch, after its validation.
+
+        ModelCheckpoint and EarlyStopping run after this hook, so they can monitor what it logs.
+        """
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
+        """Called before `training_step`; return -1 to end the current epoch here."""
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Called after `training_step`, and after the optimizer step when one was due.
+
+        `outputs` is what `training_step` returned, as a dict with the loss detached.
+        """
+
+    def on_before_backward(self, loss: Tensor) -> None:
+        """Called with the loss just before backward (not yet divided by `accumulate_grad_batches`)."""
+
+    def on_after_backward(self) -> None:
+        """Called after backward; `.grad` holds the gradients (under 16-mixed, still scaled)."""
+
+    def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
+        """Called before each optimizer step.
+
+        In automatic optimization the gradients are unscaled by then, and not yet clipped.
+        """
+
+    def on_before_zero_grad(self, optimizer: Optimizer) -> None:
+        """Called after the optimizer step, just before the gradients are zeroed."""
+
+    def on_validation_start(self) -> None:
+        """Called at the start of every validation run, the sanity check included."""
+
+    def on_validation_end(self) -> None:
+        """Called at the end of every validation run."""
+
+    def on_validation_epoch_start(self) -> None:
+        """Called before the first validation batch."""
+
+    def on_validation_epoch_end(self) -> None:
+        """Called after the last validation batch; epoch values are already reduced."""
+
+    def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Called before `validation_step`."""
+
+    def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Called after `validation_step` with what it returned."""
+
+    def on_test_start(self) -> None:
+        """Called at the start of `trainer.test()`."""
+
+    def on_test_end(self) -> None:
+        """Called at the end of `trainer.test()`."""
+
+    def on_test_epoch_start(self) -> None:
+        """Called before the first test batch."""
+
+    def on_test_epoch_end(self) -> None:
+        """Called after the last test batch; epoch values are already reduced."""
+
+    def on_test_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Called before `test_step`."""
+
+    def on_test_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Called after `test_step` with what it returned."""
+
+    def on_predict_start(self) -> None:
+        """Called at the start of `trainer.predict()`."""
+
+    def on_predict_end(self) -> None:
+        """Called at the end of `trainer.predict()`."""
+
+    def on_predict_epoch_start(self) -> None:
+        """Called before the first predict batch."""
+
+    def on_predict_epoch_end(self) -> None:
+        """Called after the last predict batch."""
+
+    def on_predict_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Called before `predict_step`."""
+
+    def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Called after `predict_step` with what it returned."""
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Called on every rank while a checkpoint is built; add your own entries to `checkpoint`.
+
+        Store tensors and primitives only: checkpoints are loaded with `weights_only=True`.
+        """
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Called with a loaded checkpoint, after the weights were restored.
+
+        Read back what `on_save_checkpoint` added.
+        """
 
     # --- logging -----------------------------------------------------------------------------
     def log(
@@ -181,7 +319,24 @@ class TrainModule(DataHooks, nn.Module):
         reduce_fx: str = "mean",
         batch_size: int | None = None,
     ) -> None:
-        """Record a metric. Defaults follow Lightning: per step in training, per epoch in evaluation."""
+        """Record a metric for the loggers, the progress bar and callbacks (`trainer.callback_metrics`).
+
+        Defaults follow Lightning: per step in training hooks, per epoch in evaluation hooks.
+
+        Args:
+            name: the key; with both `on_step` and `on_epoch` the logged keys are `name_step` and `name_epoch`.
+            value: a number, a one-element tensor, or a `torchmetrics.Metric` (computed and reset at epoch end).
+            on_step: log the value of this step (default: True in training hooks, False in evaluation).
+            on_epoch: log the epoch's reduction (default: False in training hooks, True in evaluation).
+            prog_bar: also show it on the progress bar.
+            logger: send it to the loggers.
+            sync_dist: reduce the value across ranks first (one collective per call).
+            reduce_fx: `"mean"` (weighted by batch size), `"sum"`, `"max"` or `"min"` for the epoch value.
+            batch_size: the weight of this value in the epoch mean; inferred from the batch when None.
+
+        Raises:
+            MisconfigurationError: outside a hook where logging makes sense (e.g. `setup`), or with no Trainer.
+        """
         if self._trainer is None:
             raise MisconfigurationError(
                 f"self.log({name!r}) needs an attached Trainer; call it from a hook during fit."

@@ -33,7 +33,25 @@ from trainer.state import Progress, RunningStage, TrainerFn, TrainerState, Train
 
 
 class Trainer(TrainerProperties):
-    """Trains a TrainModule. Arguments and defaults follow PyTorch Lightning 2.x (see docs/index.md)."""
+    """Trains a TrainModule. Arguments and defaults follow PyTorch Lightning 2.x (see docs/index.md).
+
+    Every flag is checked when the Trainer is built (a `ConfigError` names the flag and the accepted values);
+    nothing starts a process or touches a device before `fit`, `validate`, `test` or `predict`.
+    The flags are described in one table in docs/index.md; the distributed ones in docs/distributed.md.
+
+    Attributes:
+        strategy: the Strategy instance that owns devices, wrapping, collectives and checkpoint I/O.
+        state: the TrainerState: which entry point runs (`fn`), its `status` and the current `stage`.
+        loggers: the loggers in use (an empty list with `logger=False`).
+        callbacks: the callbacks in use, the default ones (checkpoint, progress bar, summary) included.
+
+    Example:
+        ```python
+        trainer = Trainer(max_epochs=5, accelerator="cpu", devices=2)   # 2 processes, DDP over gloo
+        trainer.fit(model, datamodule=data)
+        trainer.test(model, datamodule=data)
+        ```
+    """
 
     def __init__(
         self,
@@ -118,7 +136,24 @@ class Trainer(TrainerProperties):
     # --- entry points -------------------------------------------------------------------------------
     def fit(self, model: Any, train_dataloaders: Any = None, val_dataloaders: Any = None,
             datamodule: Any = None, ckpt_path: str | Path | None = None) -> None:
-        """Train `model`; resume from `ckpt_path` (a path, or "last") when given."""
+        """Train `model`; resume from `ckpt_path` (a path, or "last") when given.
+
+        With several devices or nodes this is where the other ranks start (see docs/distributed.md).
+        Data comes from the arguments first, then `datamodule`, then the module's `*_dataloader()` hooks.
+
+        Args:
+            model: the TrainModule to train.
+            train_dataloaders: a DataLoader (or iterable of batches) for training; a DataModule is accepted too.
+            val_dataloaders: a DataLoader, or a list of them, for validation.
+            datamodule: a DataModule providing the loaders.
+            ckpt_path: a checkpoint file (or sharded folder) to resume from; `"last"` takes the newest checkpoint
+                of the ModelCheckpoint callbacks and starts from scratch when there is none.
+
+        Raises:
+            MisconfigurationError: the module lacks `training_step` or `configure_optimizers`, or returns
+                something the Trainer cannot use.
+            CheckpointLoadError: `ckpt_path` is damaged, foreign, or does not fit the model.
+        """
         if datamodule is None and _looks_like_datamodule(train_dataloaders):
             datamodule, train_dataloaders = train_dataloaders, None
         self._launch(TrainerFn.FITTING, model, datamodule,

@@ -38,7 +38,21 @@ def flatten_hparams(params: Mapping[str, Any], prefix: str = "") -> dict[str, An
 class Logger(ABC):
     """Receives metrics and hyperparameters from the Trainer. Only rank 0 writes.
 
-    Subclasses implement `_log_metrics`, `_log_hyperparams` and may override `_finalize` / `_save`.
+    Subclasses implement `name`, `version`, `log_metrics` and `log_hyperparams`, and may override `save`,
+    `finalize`, `save_dir` and `log_dir`. The four writing methods of every subclass are wrapped in
+    `rank_zero_only` when the class is created, so a subclass writes without checking ranks.
+
+    Example:
+        ```python
+        class PrintLogger(Logger):
+            name, version = "print", 0
+
+            def log_metrics(self, metrics, step=None):
+                print(step, metrics)
+
+            def log_hyperparams(self, params):
+                print(params)
+        ```
     """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -49,25 +63,31 @@ class Logger(ABC):
 
     @property
     @abstractmethod
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The experiment name (a folder name for file-based loggers)."""
 
     @property
     @abstractmethod
-    def version(self) -> int | str: ...
+    def version(self) -> int | str:
+        """The run's version: an int N for `version_N` folders, or a string used as the folder name."""
 
     @property
     def save_dir(self) -> str | None:
+        """The root folder the logger writes under, or None for loggers that write no files."""
         return None
 
     @property
     def log_dir(self) -> str | None:
+        """The folder of this run's files (`trainer.log_dir` when it is the first logger), or None."""
         return None
 
     @abstractmethod
-    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None: ...
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        """Record scalar metrics at `step` (the global step); epoch metrics carry an `epoch` key."""
 
     @abstractmethod
-    def log_hyperparams(self, params: Mapping[str, Any]) -> None: ...
+    def log_hyperparams(self, params: Mapping[str, Any]) -> None:
+        """Record the run's hyperparameters (the module's and datamodule's `hparams`), once at fit start."""
 
     def save(self) -> None:  # noqa: B027 - loggers without buffers need nothing here
         """Flush buffered output."""

@@ -11,7 +11,14 @@ from trainer.loggers.base import VersionedFolderLogger, flatten_hparams
 
 
 class CSVLogger(VersionedFolderLogger):
-    """Writes `save_dir/name/version_N/metrics.csv` and `hparams.yaml` (plain text, no extra deps)."""
+    """Writes `save_dir/name/version_N/metrics.csv` and `hparams.yaml` (plain text, no extra deps).
+
+    Args:
+        save_dir: the root folder.
+        name: the experiment folder under `save_dir`.
+        version: None picks the next free `version_N`; an int N means `version_N`; a string is the folder name.
+        flush_logs_every_n_steps: rows kept in memory before metrics.csv is rewritten (also at save and the end).
+    """
 
     def __init__(self, save_dir: str | Path, name: str = "csv_logs", version: int | str | None = None,
                  flush_logs_every_n_steps: int = 100) -> None:
@@ -23,9 +30,11 @@ class CSVLogger(VersionedFolderLogger):
 
     @property
     def metrics_file(self) -> Path:
+        """`log_dir/metrics.csv`."""
         return Path(self.log_dir) / "metrics.csv"
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        """Add a row: `step`, then one column per key (a new key adds a column to the whole file)."""
         row = {"step": step, **metrics}
         self._rows.append(row)
         for key in row:
@@ -35,6 +44,7 @@ class CSVLogger(VersionedFolderLogger):
             self.save()
 
     def log_hyperparams(self, params: Mapping[str, Any]) -> None:
+        """Write `hparams.yaml`, nested dicts flattened to `a/b` keys."""
         Path(self.log_dir).mkdir(parents=True, exist_ok=True)
         lines = [f"{key}: {value!r}" if isinstance(value, str) else f"{key}: {value}"
                  for key, value in flatten_hparams(params).items()]

@@ -10,7 +10,16 @@ from trainer.loggers.base import VersionedFolderLogger, flatten_hparams
 
 
 class TensorBoardLogger(VersionedFolderLogger):
-    """Writes TensorBoard event files. `version=None` picks the next free `version_N`."""
+    """Writes TensorBoard event files. `version=None` picks the next free `version_N`.
+
+    tensorboard is imported on the first write, so `import trainer` stays light.
+
+    Args:
+        save_dir: the root folder.
+        name: the experiment folder under `save_dir`.
+        version: None picks the next free `version_N`; an int N means `version_N`; a string is the folder name.
+        default_hp_metric: also write Lightning's placeholder `hp_metric` (-1) with the hyperparameters.
+    """
 
     def __init__(self, save_dir: str | Path, name: str = "runs", version: int | str | None = None,
                  default_hp_metric: bool = False) -> None:
@@ -30,12 +39,14 @@ class TensorBoardLogger(VersionedFolderLogger):
         return self._experiment
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        """One scalar per key at `step`; the `epoch` key is written only when logged alone."""
         for key, value in metrics.items():
             if key == "epoch" and len(metrics) > 1:
                 continue
             self.experiment.add_scalar(key, value, global_step=step)
 
     def log_hyperparams(self, params: Mapping[str, Any]) -> None:
+        """Write the hyperparameters (flattened to `a/b` keys) for TensorBoard's HPARAMS tab."""
         self.hparams.update(flatten_hparams(params))
         from torch.utils.tensorboard.summary import hparams
 
