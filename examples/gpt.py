@@ -28,8 +28,7 @@ from trainer import DataModule, Trainer, TrainModule, seed_everything
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "runs" / "gpt"  # under the git-ignored runs/
-# A fixed vocabulary (newline, tab, printable ASCII, one "unknown" symbol), so the model's size does not depend
-# on the text and the module and the data can be built independently (as the YAML config does).
+# A fixed vocabulary (newline, tab, printable ASCII, "unknown"): the module is built without the data (as in YAML).
 CHARS = "\n\t" + "".join(chr(c) for c in range(32, 127))
 UNKNOWN = len(CHARS)
 VOCAB_SIZE = len(CHARS) + 1
@@ -44,10 +43,10 @@ def decode(ids: torch.Tensor) -> str:
     return "".join(CHARS[i] if i < UNKNOWN else "?" for i in ids.tolist())
 
 
-def windows(ids: torch.Tensor, block_size: int) -> TensorDataset:
-    """Consecutive `block_size` windows as inputs, and the same shifted by one character as targets."""
-    n = (len(ids) - 1) // block_size
-    return TensorDataset(ids[:n * block_size].view(n, block_size), ids[1:n * block_size + 1].view(n, block_size))
+def windows(ids: torch.Tensor, block_size: int, stride: int) -> TensorDataset:
+    """Windows of `block_size` characters every `stride` characters as inputs; targets are shifted by one."""
+    w = ids.unfold(0, block_size + 1, stride)  # (n, block_size + 1) views, overlapping when stride < block_size
+    return TensorDataset(w[:, :-1], w[:, 1:])
 
 
 class DocsText(DataModule):
@@ -60,7 +59,9 @@ class DocsText(DataModule):
     def setup(self, stage: str) -> None:
         ids = encode("\n\n".join(p.read_text(encoding="utf-8") for p in sorted(DOCS.glob("*.md"))))
         split = int(len(ids) * (1 - self.val_fraction))
-        self.train_set, self.val_set = windows(ids[:split], self.block_size), windows(ids[split:], self.block_size)
+        # Training windows overlap (4x the samples per epoch); validation ones do not (each character counts once).
+        self.train_set = windows(ids[:split], self.block_size, max(self.block_size // 4, 1))
+        self.val_set = windows(ids[split:], self.block_size, self.block_size)
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, drop_last=True)
@@ -157,7 +158,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--devices", default="1", help='a count, or "auto"')
     p.add_argument("--accelerator", default="auto", help='"auto", "cpu", "gpu", ...')
     p.add_argument("--precision", default="32-true", help='"32-true", "bf16-mixed", "bf16-true", "16-mixed", ...')
-    p.add_argument("--max-epochs", type=int, default=5)
+    p.add_argument("--max-epochs", type=int, default=3)
     p.add_argument("--fast-dev-run", action="store_true", help="one batch of each loop; no logs or checkpoints")
     p.add_argument("--block-size", type=int, default=128, help="context length in characters")
     p.add_argument("--batch-size", type=int, default=32)
@@ -175,8 +176,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     seed_everything(args.seed)
-    model = GPTModule(block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
-                      lr=args.lr)
+    model = GPTModule(args.block_size, args.n_layer, args.n_head, args.n_embd, lr=args.lr)
     data = DocsText(block_size=args.block_size, batch_size=args.batch_size)
     strategy: Any = args.strategy
     if strategy in ("zero2", "zero3"):  # shard by transformer block (FSDP's usual unit) rather than by Linear
