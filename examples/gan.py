@@ -4,6 +4,8 @@ Shows `self.automatic_optimization = False`: training_step gets both optimizers 
 runs the two GAN updates itself with `self.manual_backward(loss)` and `opt.step()`, which still go through the
 strategy and precision (gradient sync, autocast, loss scaling). The code is plain: no freezing and unfreezing
 of the other network. When training ends, rank 0 prints a few generated digits as ASCII art.
+Multi-process: `--strategy zero2` or `zero3` work; manual optimization under DDP ("ddp", "ddp_spawn", "zero1")
+is not supported by the framework yet (docs/examples.md).
 
     python examples/gan.py                           # about a minute on a CPU
     python examples/gan.py --fast-dev-run            # one batch, nothing written
@@ -109,7 +111,8 @@ def ascii_art(images: torch.Tensor) -> str:
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--strategy", default="auto", help='"auto", "single", "ddp", "ddp_spawn", ...')
+    p.add_argument("--strategy", default="auto",
+                   help='"auto", "single", "zero2", "zero3"; not "ddp" or "zero1" yet (see docs/examples.md)')
     p.add_argument("--devices", default="1", help='a count, or "auto"')
     p.add_argument("--accelerator", default="auto", help='"auto", "cpu", "gpu", ...')
     p.add_argument("--precision", default="32-true", help='"32-true", "16-mixed", "bf16-mixed", ...')
