@@ -182,8 +182,11 @@ class Strategy(ABC):
         router = _StepRouter(module, self.precision.forward_context)
         self._model = self._wrap(router)
         # A wrapper (DDP, DP, FSDP2) does its work in __call__; with none, calling forward directly skips
-        # nn.Module's hook machinery, which is pure overhead for our private router.
-        self._step = router.forward if self._model is router else self._model
+        # nn.Module's hook machinery, which is pure overhead for our private router. FSDP2's fully_shard wraps
+        # in place and works through forward hooks on the router (they gather the root unit's parameters), so
+        # a router with hooks is always called.
+        bare = self._model is router and not (router._forward_pre_hooks or router._forward_hooks)
+        self._step = router.forward if bare else self._model
 
     def _wrap(self, router: _StepRouter) -> nn.Module:
         """Wrap the router (DDP, DP, FSDP2). Identity by default."""

@@ -225,3 +225,35 @@ def test_damaged_sharded_folders_fail_on_every_rank_without_hanging(tmp_path: Pa
                             (foreign, ".metadata does not match the sha256")):
         for result in run_distributed(_broken_load_rank, str(folder), timeout=60):
             assert result.startswith("CheckpointLoadError") and message in result, result
+
+
+class ScaledNet(Net):
+    """Owns a parameter directly, so under FSDP2 it belongs to the root unit (the step router), not to a child."""
+
+    def __init__(self) -> None:
+        super().__init__("sgd")
+        self.scale = nn.Parameter(torch.full((1,), 0.5))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.mse_loss(self.net(x) * self.scale, y)
+
+
+def _root_unit_rank(rank: int) -> dict[str, dict[str, torch.Tensor]]:
+    out = {}
+    for strategy in ("ddp", "zero3"):
+        seed_everything(0)
+        model = ScaledNet()
+        Trainer(max_steps=4, **{**QUIET, "devices": 2, "strategy": strategy}).fit(
+            model, DataLoader(regression_data(n=32), batch_size=4, shuffle=True))
+        out[strategy] = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+                         for k, v in model.state_dict().items()}
+    return out
+
+
+def test_root_unit_parameters_are_gathered_in_forward():
+    """The router is called through __call__, so FSDP2's root hooks gather parameters the TrainModule owns itself
+    (they once stayed sharded DTensors in forward: 'got mixed torch.Tensor and DTensor')."""
+    for rank_result in run_distributed(_root_unit_rank, timeout=150):
+        for key, value in rank_result["ddp"].items():
+            torch.testing.assert_close(rank_result["zero3"][key], value, rtol=0, atol=1e-6, msg=key)
