@@ -1,7 +1,7 @@
 """The examples run as documented: each script in a subprocess with a short setting (the sync-SGD comparison for
 real, on 2 CPU ranks), and each YAML config in examples/configs through the CLI with fast_dev_run.
 
-Subprocesses go through tests/strategies/test_launch.py's `launch`: a hard wall-clock limit, and every process a
+Subprocesses go through tests/helpers/launch.py's `launch`: a hard wall-clock limit, and every process a
 script started (Trainer-launched ranks, torch.multiprocessing children) must be gone when it returns.
 """
 
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.strategies.test_launch import Finished, _env, launch
+from tests.helpers.launch import Finished, launch
+from tests.helpers.launch import clean_env as _env
 from trainer.cli import run
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the launch harness reads /proc")

@@ -24,6 +24,8 @@ pytestmark = [pytest.mark.distributed,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to find survivors")]
 
 SCRIPT = REPO / "tests" / "scripts" / "faults.py"
+FULL = os.environ.get("RELIABILITY_FULL") == "1"  # opt-in: the fault cases over every strategy (docs/reliability.md)
+STRATEGIES = ["ddp", "ddp_spawn", "zero1", "zero2", "zero3"] if FULL else ["ddp"]
 BOUND_S = 15.0  # fault -> every rank exited (RELIABILITY.md target figures)
 STEPS = 8  # 64 samples, batch 8, 2 ranks -> 4 steps per epoch, 2 epochs
 
@@ -75,10 +77,11 @@ def assert_root_cause_first(output: str, cause: str) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("rank", [1, 0], ids=["FI-1 rank 1", "FI-2 rank 0"])
-def test_raise_on_one_rank_ends_every_rank(tmp_path: Path, rank: int):
+def test_raise_on_one_rank_ends_every_rank(tmp_path: Path, rank: int, strategy: str):
     out = tmp_path / "out"
-    res = run(out, "--fault", f"raise@{rank}:3", timeout=60)
+    res = run(out, "--fault", f"raise@{rank}:3", "--strategy", strategy, timeout=60)
     assert res.returncode != 0
     assert_root_cause_first(res.output, f"[rank {rank}] RuntimeError: INJECTED FAILURE on rank {rank} at step 3")
     assert seconds_after_fault(out, res) < BOUND_S, res.output[-4000:]
@@ -94,9 +97,10 @@ def test_raise_under_torchrun(tmp_path: Path):
 
 
 @pytest.mark.timeout(120)
-def test_fi3_sigkill_one_rank(tmp_path: Path):
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_fi3_sigkill_one_rank(tmp_path: Path, strategy: str):
     out = tmp_path / "out"
-    res = run(out, "--fault", "sigkill@1:2", timeout=60)
+    res = run(out, "--fault", "sigkill@1:2", "--strategy", strategy, timeout=60)
     assert res.returncode != 0
     assert "local rank 1 was killed by SIGKILL" in res.output or "DistributedDesyncError" in res.output, res.output
     assert seconds_after_fault(out, res) < BOUND_S, res.output[-4000:]
@@ -204,6 +208,20 @@ def test_fi9_sigusr1_under_slurm_requeues_once_and_resumes(tmp_path: Path, refer
     second = slurm_run("--ckpt-every", "100", "--resume")
     assert all(r.returncode == 0 for r in second), [r.output[-3000:] for r in second]
     assert_equal_weights(final_weights(out), reference)
+
+
+@pytest.mark.timeout(200)
+def test_fi11_sigkill_during_a_sharded_save_keeps_the_previous_folder(tmp_path: Path):
+    out = tmp_path / "out"
+    res = run(out, "--strategy", "zero2", "--sharded", "--fault", "sigkill_in_sharded_save@1:3", "--ckpt-every", "1",
+              timeout=60)
+    assert res.returncode != 0
+    assert seconds_after_fault(out, res) < BOUND_S, res.output[-4000:]
+    committed = sorted(p.name for p in (out / "ckpt").iterdir() if ".tmp-" not in p.name)
+    assert committed == ["epoch=0-step=1.ckpt", "epoch=0-step=2.ckpt"], committed
+    again = run(out, "--strategy", "zero2", "--sharded", "--ckpt-every", "1", "--resume", timeout=90)
+    assert again.returncode == 0, again.output[-6000:]
+    assert torch.load(out / "rank0.pt", weights_only=True)["global_step"] == STEPS
 
 
 @pytest.mark.timeout(120)

@@ -5,7 +5,8 @@
 
 `--fault MODE@RANK:STEP` fires on that global rank at that global step (RANK may be `all`). Modes:
 raise, sigkill, sigterm, sigusr1, hang, nan_loss, return_none, sync_dist_one_rank, log_dict_keys, extra_collective
-(all in training_step), save_hook_raise (in on_save_checkpoint), save_enospc (fsync fails while saving), and
+(all in training_step), save_hook_raise (in on_save_checkpoint), save_enospc (fsync fails while saving),
+sigkill_in_sharded_save (after this rank's DCP shard is written, before the manifest; with --sharded), and
 raise_once (raise unless OUT/fired exists; creates it: a one-time fault for torchrun --max-restarts).
 
 Every process appends its pid to OUT/pids.txt. Each rank that finishes fit writes OUT/rank<r>.pt (final weights,
@@ -103,6 +104,18 @@ class SaveFaults(Callback):
         if self.fault.here(trainer, "save_hook_raise"):
             self.fault.fired()
             raise RuntimeError(f"{INJECTED} in on_save_checkpoint on rank {trainer.global_rank}")
+        if self.fault.here(trainer, "sigkill_in_sharded_save"):
+            from strategies import sharded_checkpoint
+
+            original, fault = sharded_checkpoint.dcp.save, self.fault
+
+            def save_then_die(*args: Any, **kwargs: Any) -> Any:
+                result = original(*args, **kwargs)  # this rank's shard is on disk; the manifest is not
+                fault.fired()
+                os.kill(os.getpid(), signal.SIGKILL)
+                return result
+
+            sharded_checkpoint.dcp = _Patched(sharded_checkpoint.dcp, save=save_then_die)
         if self.fault.here(trainer, "save_enospc"):
             self.fault.fired()
 
@@ -110,6 +123,16 @@ class SaveFaults(Callback):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
             os.fsync = no_space  # the atomic writer's fsync of the temp file fails, as on a full disk
+
+
+class _Patched:
+    """A module stand-in with some attributes replaced (test-only fault injection)."""
+
+    def __init__(self, wrapped: Any, **replaced: Any) -> None:
+        self._wrapped, self._replaced = wrapped, replaced
+
+    def __getattr__(self, name: str) -> Any:
+        return self._replaced[name] if name in self._replaced else getattr(self._wrapped, name)
 
 
 class Dump(Callback):
@@ -133,6 +156,7 @@ def main() -> None:
     parser.add_argument("--ckpt-every", type=int, default=0, help="ModelCheckpoint every N steps (0: none)")
     parser.add_argument("--resume", action="store_true", help='fit(ckpt_path="last")')
     parser.add_argument("--terminate-on-nan", action="store_true")
+    parser.add_argument("--sharded", action="store_true", help="zero2/3: sharded checkpoint folders")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -149,8 +173,9 @@ def main() -> None:
     if args.pg_timeout and args.strategy in ("ddp", "ddp_spawn"):
         strategy = DDPStrategy(timeout=args.pg_timeout, start_method="spawn" if args.strategy == "ddp_spawn"
                                else "subprocess")
-    elif args.pg_timeout and args.strategy.startswith("zero"):
-        strategy = ZeroStrategy(stage=int(args.strategy[-1]), timeout=args.pg_timeout)
+    elif args.strategy.startswith("zero") and (args.pg_timeout or args.sharded):
+        strategy = ZeroStrategy(stage=int(args.strategy[-1]), timeout=args.pg_timeout,
+                                sharded_checkpoint=args.sharded)
     trainer = Trainer(
         accelerator="cpu", devices=args.devices, strategy=strategy, max_epochs=args.max_epochs, logger=False,
         enable_checkpointing=bool(args.ckpt_every), enable_progress_bar=False, enable_model_summary=False,
