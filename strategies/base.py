@@ -212,6 +212,15 @@ class Strategy(ABC):
         """Backward through the precision object (which scales the loss under 16-mixed)."""
         self.precision.backward(loss)
 
+    def manual_step_context(self) -> AbstractContextManager:
+        """Entered around training_step in manual optimization, where backward runs inside the wrapper's forward."""
+        return NULL_CONTEXT
+
+    def manual_backward(self, loss: Tensor) -> None:
+        """Backward called by the user inside training_step (manual optimization). A wrapper that prepares its
+        gradient sync after forward returns (DDP) prepares it here instead."""
+        self.backward(loss)
+
     def no_backward_sync(self, enabled: bool) -> AbstractContextManager:
         """Skip gradient sync during accumulation (DDP no_sync). Must wrap forward and backward."""
         return NULL_CONTEXT

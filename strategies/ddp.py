@@ -14,7 +14,9 @@ from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
+from torch.nn.parallel.distributed import _find_tensors
 
 from strategies.base import NULL_CONTEXT, Strategy, _StepRouter
 from strategies.environment import ClusterEnvironment, detect_environment
@@ -188,6 +190,19 @@ class DDPStrategy(Strategy):
 
 
     # --- the step -----------------------------------------------------------------------------
+    def manual_step_context(self) -> AbstractContextManager:
+        model = self._model
+        # DDP would prepare its gradient sync after forward returns, i.e. after the user's manual_backward already
+        # ran inside it, leaving the reducer waiting for a backward that never comes. manual_backward prepares it.
+        return model.no_sync() if isinstance(model, DistributedDataParallel) else NULL_CONTEXT
+
+    def manual_backward(self, loss: Tensor) -> None:
+        model = self._model
+        if isinstance(model, DistributedDataParallel) and torch.is_grad_enabled():
+            model.require_forward_param_sync = True
+            model.reducer.prepare_for_backward(list(_find_tensors(loss)) if model.find_unused_parameters else [])
+        self.backward(loss)
+
     def no_backward_sync(self, enabled: bool) -> AbstractContextManager:
         model = self._model
         if enabled and isinstance(model, DistributedDataParallel):

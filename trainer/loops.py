@@ -87,7 +87,8 @@ def train_one_batch(trainer: Trainer, batch: Any, batch_idx: int, is_last: bool)
 
 def train_one_batch_manual(trainer: Trainer, batch: Any, batch_idx: int, is_last: bool) -> Any:
     """Manual optimization: the step does its own backward and optimizer calls."""
-    out = trainer._run_step("training_step", batch, batch_idx)
+    with trainer.strategy.manual_step_context():
+        out = trainer._run_step("training_step", batch, batch_idx)
     loss = out.get("loss") if isinstance(out, Mapping) else out
     trainer._control.after_training_step(trainer, loss if isinstance(loss, Tensor) else None, is_last, False)
     return out

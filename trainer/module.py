@@ -400,7 +400,7 @@ class TrainModule(DataHooks, nn.Module):
 
         trainer = self.trainer
         call_hook(trainer, "on_before_backward", loss)
-        trainer.strategy.backward(loss)
+        trainer.strategy.manual_backward(loss)
         call_hook(trainer, "on_after_backward")
 
     def clip_gradients(

@@ -67,7 +67,8 @@ def test_gpt_zero3_bf16_on_two_cpu_ranks(tmp_path: Path):
 
 @pytest.mark.timeout(120)
 def test_gan_fast_dev_run_prints_digits(tmp_path: Path):
-    res = _run_example("gan.py", "--accelerator", "cpu", "--fast-dev-run", "--hidden", "16", "--no-progress-bar",
+    res = _run_example("gan.py", "--accelerator", "cpu", "--strategy", "ddp", "--devices", "2",  # manual under DDP
+                       "--fast-dev-run", "--hidden", "16", "--no-progress-bar",
                        "--root", str(tmp_path / "root"), out=tmp_path / "out", timeout=100)
     art = res.output.split("generated digits:\n", 1)[1].splitlines()[:8]
     assert len(art) == 8 and all(len(row) == 6 * 16 + 5 * 2 for row in art), res.output[-4000:]

@@ -60,6 +60,40 @@ def test_ddp_two_ranks_match_one_process_on_the_double_batch(optimizer: str, acc
     assert not torch.equal(single["net.0.weight"], Regression(optimizer).state_dict()["net.0.weight"])
 
 
+class ManualRegression(Regression):
+    """The same regression, stepped by hand: manual_backward runs inside DDP's forward."""
+
+    def __init__(self, optimizer: str) -> None:
+        super().__init__(optimizer)
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        opt = self.optimizers()
+        loss = super().training_step(batch, batch_idx)
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+        return loss.detach()
+
+
+def _manual_fit(rank: int, strategy: str, batch_size: int) -> dict[str, torch.Tensor]:
+    seed_everything(0)
+    model = ManualRegression("sgd")
+    loader = DataLoader(regression_data(n=320), batch_size=batch_size)
+    flags = {**DDP, "strategy": strategy} if strategy != "single" else QUIET
+    Trainer(max_steps=20, **flags).fit(model, loader)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero1"])
+def test_manual_optimization_under_ddp_matches_one_process_on_the_double_batch(strategy: str):
+    ranks = run_distributed(_manual_fit, strategy, 4)
+    single = _manual_fit(0, "single", 8)
+    for key in single:
+        assert torch.equal(ranks[0][key], ranks[1][key]), f"ranks disagree on {key}"
+        torch.testing.assert_close(ranks[0][key], single[key], rtol=1e-5, atol=1e-6)
+
+
 def _bf16_rank(rank: int) -> dict[str, torch.Tensor]:
     return _fit("adamw", 4, 1, **{**DDP, "precision": "bf16-mixed"})
 
