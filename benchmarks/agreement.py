@@ -1,0 +1,120 @@
+"""Cost of the per-step control-plane agreement (trainer/control.py) on the DDP benchmark model.
+
+Two measurements, both on 2 CPU ranks joined by gloo, one thread per rank:
+
+- micro: the agreement itself, one all-reduce (MAX) of 7 int64 on the CPU group, timed over many calls on
+  rank 0 after a barrier; its median is the cost per step;
+- A/B: benchmarks/ddp.py's workload (MLP 256-1024-1024-10, batch 64 per rank, `ddp_spawn`) fitted with
+  `agree_every_n_steps=1` (the default: every step) and with a huge interval (only each epoch's last batch),
+  in interleaved rounds; the paired ratio of median step times.
+
+The reported figure `cost_pct` is micro / (median step time with the agreement) x 100: the A/B difference is a
+cross-check, but on 2 shared cores its noise is larger than the cost. Target: <= 1 % of step time.
+
+    .venv/bin/python benchmarks/agreement.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from common import machine_info, steady_intervals, write_results
+from ddp import TRAINER_FLAGS, BenchModule, Config, StepTimer
+
+from strategies.distributed import all_reduce_max_ints, find_free_port
+from trainer import Trainer
+from trainer.control import keys_hash
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "agreement.json"
+TARGET_PCT = 1.0
+NEVER = 10**9
+
+
+def _micro_worker(rank: int, port: int, calls: int, out_file: str) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    flags = [0] * 7
+    for _ in range(50):  # warm-up
+        all_reduce_max_ints(flags)
+    dist.barrier()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        flags[5] = keys_hash([])  # what a step does besides the all-reduce
+        all_reduce_max_ints(flags)
+        times.append(time.perf_counter() - start)
+    if rank == 0:
+        Path(out_file).write_text(json.dumps(times))
+    dist.destroy_process_group()
+
+
+def measure_micro(calls: int) -> list[float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out_file = os.path.join(tmp, "micro.json")
+        mp.spawn(_micro_worker, args=(find_free_port(), calls, out_file), nprocs=2, join=True)
+        return json.loads(Path(out_file).read_text())
+
+
+def fit_step_times(cfg: Config, every: int) -> list[float]:
+    timer = StepTimer()
+    trainer = Trainer(devices=2, strategy="ddp_spawn", max_epochs=cfg.epochs, callbacks=[timer],
+                      agree_every_n_steps=every, **TRAINER_FLAGS)
+    trainer.fit(BenchModule(cfg))
+    return steady_intervals(timer.clock.wall, cfg.warmup_steps)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run: few calls, 1 round, small data")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args()
+    cfg = Config(samples=2_560, rounds=1, warmup_steps=5) if args.quick else Config(rounds=5)
+    calls = 500 if args.quick else 5_000
+
+    micro = measure_micro(calls)
+    micro_us = statistics.median(micro) * 1e6
+    print(f"agreement all-reduce: {micro_us:.1f} us median over {calls} calls", flush=True)
+    on_rounds, off_rounds = [], []
+    for rnd in range(cfg.rounds):
+        order = [1, NEVER] if rnd % 2 == 0 else [NEVER, 1]
+        for every in order:
+            med = statistics.median(fit_step_times(cfg, every))
+            (on_rounds if every == 1 else off_rounds).append(med)
+            print(f"round {rnd + 1}/{cfg.rounds} agree_every_n_steps={every}: {med * 1e3:.2f} ms/step", flush=True)
+    step_ms = statistics.median(on_rounds) * 1e3
+    ratios = [on / off for on, off in zip(on_rounds, off_rounds, strict=True)]
+    cost_pct = micro_us / 1e3 / step_ms * 100
+    figures = {
+        "agreement_us": {"median": round(micro_us, 2), "min": round(min(micro) * 1e6, 2),
+                         "max": round(max(micro) * 1e6, 2)},
+        "step_ms_with_agreement": round(step_ms, 3),
+        "step_ms_without": round(statistics.median(off_rounds) * 1e3, 3),
+        "ab_ratio": {"median": round(statistics.median(ratios), 4), "min": round(min(ratios), 4),
+                     "max": round(max(ratios), 4)},
+        "cost_pct": round(cost_pct, 3),
+    }
+    payload: dict[str, Any] = {
+        "benchmark": "agreement", "quick": args.quick, "target": {"cost_pct": f"<= {TARGET_PCT} %"},
+        "figures": figures, "machine": machine_info(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    write_results(args.out, payload)
+    verdict = "met" if cost_pct <= TARGET_PCT else "missed"
+    print(f"agreement: {micro_us:.1f} us per step = {cost_pct:.2f} % of a {step_ms:.2f} ms step (target <= "
+          f"{TARGET_PCT} %: {verdict}); A/B step-time ratio {statistics.median(ratios):.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
