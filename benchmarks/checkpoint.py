@@ -307,8 +307,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(default 1448 = 100.7 MB, quick 512 = 12.6 MB)")
     parser.add_argument("--no-trainer", action="store_true", help="skip the Trainer.save_checkpoint comparison")
     parser.add_argument("--no-lightning", action="store_true", help="skip Lightning even when it is installed")
-    parser.add_argument("--dir", type=Path, default=RESULTS,
-                        help=f"where the scratch folder is made (same filesystem as the repo; default {RESULTS})")
+    parser.add_argument("--dir", type=Path, default=None,
+                        help="where the scratch folder is made (default: the folder of --out, i.e. "
+                             f"{RESULTS} unless --out says otherwise)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results file (default {DEFAULT_OUT})")
     return parser.parse_args(argv)
 
@@ -320,6 +321,7 @@ def main(argv: list[str] | None = None) -> None:
     obj = make_checkpoint(width)
     size = tensor_bytes(obj)
 
+    args.dir = args.dir or args.out.parent
     args.dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="checkpoint-bench-", dir=args.dir))
     started = time.perf_counter()

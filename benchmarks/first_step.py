@@ -168,6 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="1 round")
     parser.add_argument("--rounds", type=int, default=None, help="measured rounds (default 5, quick 1)")
     parser.add_argument("--no-lightning", action="store_true", help="skip Lightning even when it is installed")
+    parser.add_argument("--no-bare", action="store_true", help="skip the variants with logger, bar etc. off")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results file (default {DEFAULT_OUT})")
     parser.add_argument("--child", choices=list(LABELS), help=argparse.SUPPRESS)
     parser.add_argument("--root", help=argparse.SUPPRESS)
@@ -182,6 +183,8 @@ def main(argv: list[str] | None = None) -> None:
     names = ["raw", "ours", "ours_bare"]
     if not args.no_lightning and lightning_version() is not None:
         names += ["lightning", "lightning_bare"]
+    if args.no_bare:
+        names = [n for n in names if not n.endswith("_bare")]
     started = time.perf_counter()
     runs = measure(names, rounds, warmup=not args.quick)
     figures = build_figures(runs)

@@ -12,7 +12,7 @@ torch are what `import trainer` adds; the result file keeps, top-down, the frame
 5% of that time and the outside modules they import directly that do, so the docs can say where it goes.
 
     .venv/bin/python benchmarks/import_time.py            # 10 rounds (about 1-2 minutes)
-    .venv/bin/python benchmarks/import_time.py --quick    # 3 rounds
+    .venv/bin/python benchmarks/import_time.py --quick    # 3 rounds, no warm-up round
 """
 
 from __future__ import annotations
@@ -56,11 +56,12 @@ def time_import(stmt: str) -> tuple[float, float]:
     return float(done.stdout.strip().splitlines()[-1]), wall
 
 
-def measure(names: list[str], rounds: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+def measure(names: list[str], rounds: int,
+            warmup: bool = True) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Import and process seconds per statement, one per round (after a discarded warm-up round)."""
     inside: dict[str, list[float]] = {n: [] for n in names}
     process: dict[str, list[float]] = {n: [] for n in names}
-    for rnd in range(-1, rounds):
+    for rnd in range(-1 if warmup else 0, rounds):
         shift = max(rnd, 0) % len(names)
         for name in names[shift:] + names[:shift]:
             seconds, wall = time_import(STATEMENTS[name])
@@ -103,7 +104,7 @@ def import_tree(share: float = 0.05) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="3 rounds")
+    parser.add_argument("--quick", action="store_true", help="3 rounds, no warm-up round")
     parser.add_argument("--rounds", type=int, default=None, help="measured rounds (default 10, quick 3)")
     parser.add_argument("--no-lightning", action="store_true", help="skip Lightning even when it is installed")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results file (default {DEFAULT_OUT})")
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_lightning and lightning_version() is not None:
         names.append("lightning")
     started = time.perf_counter()
-    inside, process = measure(names, rounds)
+    inside, process = measure(names, rounds, warmup=not args.quick)
     tree = import_tree()
     elapsed = time.perf_counter() - started
 

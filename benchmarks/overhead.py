@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from common import StepClock, figure, lightning_version, machine_info, quartiles, steady_intervals, write_result
 from profiling import profile_top
+from tables import figures_table
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
@@ -315,25 +316,6 @@ def summarize(cfg: Config, runs: dict[str, list[Run]]) -> list[VariantResult]:
 
 
 
-def markdown_table(results: list[VariantResult]) -> str:
-    """The table printed to stdout and pasted into docs/benchmarks.md."""
-    lines = [
-        "| variant | wall µs/step | vs raw | vs raw, IQR over rounds | CPU µs/step | vs raw (CPU) "
-        "| fit wall s | vs raw (fit) | target |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for r in results:
-        target = ""
-        if r.target is not None:
-            target = f"≤ {r.target:.2f}x ({'met' if r.step_ratio <= r.target else 'missed'})"
-        lo, hi = r.step_ratio_iqr
-        lines.append(
-            f"| {r.label} | {r.median_us:.0f} | {r.step_ratio:.3f}x | {lo:.3f}–{hi:.3f} | {r.cpu_median_us:.0f} "
-            f"| {r.cpu_step_ratio:.3f}x | {r.fit_s:.3f} | {r.fit_ratio:.3f}x | {target} |"
-        )
-    return "\n".join(lines)
-
-
 def figures(results: list[VariantResult]) -> list[dict[str, Any]]:
     """The result file's figures: µs/step over rounds (each round's median), ratios paired per round."""
     out = []
@@ -391,7 +373,8 @@ def main(argv: list[str] | None = None) -> None:
     elapsed = time.perf_counter() - started
     load_after = os.getloadavg()
 
-    table = markdown_table(results)
+    figs = figures(results)
+    table = figures_table(figs)
     steps = cfg.epochs * -(-cfg.samples // cfg.batch_size)
     print(f"\n{steps} steps per fit, {cfg.rounds} rounds (+1 warm-up), first {cfg.warmup_steps} steps dropped, "
           f"torch {torch.__version__}, {torch.get_num_threads()} thread\n")
@@ -399,7 +382,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nbenchmark took {elapsed:.1f} s; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after")
 
     write_result(
-        args.out, "overhead", figures(results), mode="quick" if args.quick else "full", config=asdict(cfg),
+        args.out, "overhead", figs, mode="quick" if args.quick else "full", config=asdict(cfg),
         elapsed_s=elapsed, machine=machine_info(lightning=lightning_version()),
         results=[asdict(r) for r in results], profile=profile,
         load_average_1min={"before": round(load_before[0], 2), "after": round(load_after[0], 2)}, table=table,
