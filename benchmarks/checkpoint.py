@@ -16,9 +16,11 @@ Load, the file written by torch.save (served from the page cache, as after a rec
   - ours:     `strategies.checkpoint_io.safe_load(path)` (existence checks, weights_only=True, map_location="cpu")
   - baseline: `torch.load(path, weights_only=True)`
 
-Informative: a whole `Trainer.save_checkpoint(path)` of a model of that size, after one fitted Adam step
+Trainer level: a whole `Trainer.save_checkpoint(path)` of a model of that size, after one fitted Adam step
 (dump_checkpoint: state dicts, loop state, RNG, the weights-only-safety walk, then atomic_save), vs torch.save
-of its model and optimizer state dicts, bare and durable.
+of its model and optimizer state dicts, bare and durable (the same <= 1.10x target against the durable one),
+and Lightning's `trainer.save_checkpoint` of the same model after the same step when Lightning is installed
+(it writes through a BytesIO and fsspec, without fsync).
 
 Variants run interleaved: each round runs every variant once, in an order rotated by one each round (and
 reversed every other cycle), so no variant always goes first. Between calls (outside the timing) the written
@@ -33,7 +35,6 @@ median of per-round paired ratios. The machine this was written on is a shared 2
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import os
 import shutil
@@ -45,8 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import StepClock, git_commit, load_average, quartiles, steady_intervals, write_results  # noqa: F401
-from common import machine_info as common_machine_info
+from common import figure, lightning_version, machine_info, paired, write_result
 from torch import nn
 
 from strategies.checkpoint_io import atomic_save, safe_load
@@ -159,7 +159,38 @@ def measure_load(obj: Any, workdir: Path, rounds: int) -> dict[str, list[float]]
     }, rounds, lambda: None)
 
 
-def measure_trainer_save(width: int, workdir: Path, rounds: int) -> tuple[dict[str, list[float]], int]:
+def lightning_saver(width: int, workdir: Path) -> Any:
+    """A function saving a Lightning checkpoint of the same model after one Adam step (None without Lightning)."""
+    try:
+        import lightning.pytorch as pl
+    except ImportError:
+        return None
+    import logging
+
+    from torch.utils.data import DataLoader, TensorDataset
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+
+    class LitBig(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = make_net(width)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return self.net(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                         default_root_dir=workdir)
+    trainer.fit(LitBig(), DataLoader(TensorDataset(torch.randn(4, width)), batch_size=4))
+    return trainer.save_checkpoint
+
+
+def measure_trainer_save(width: int, workdir: Path, rounds: int,
+                         with_lightning: bool = True) -> tuple[dict[str, list[float]], int]:
     """Trainer.save_checkpoint after one Adam step vs torch.save of the model and optimizer state dicts."""
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -191,11 +222,15 @@ def measure_trainer_save(width: int, workdir: Path, rounds: int) -> tuple[dict[s
     def plain_state() -> dict[str, Any]:  # building the state dicts is part of any save
         return {"state_dict": model.state_dict(), "optimizer": optimizer.state_dict()}
 
-    times = run_rounds({
+    variants = {
         "Trainer.save_checkpoint (ours)": lambda: trainer.save_checkpoint(path),
         "torch.save + fsync": lambda: torch_save_durable(plain_state(), path),
         "torch.save (bare)": lambda: torch_save_bare(plain_state(), path),
-    }, rounds, cleanup)
+    }
+    lit_save = lightning_saver(width, workdir) if with_lightning else None
+    if lit_save is not None:
+        variants["Lightning trainer.save_checkpoint"] = lambda: lit_save(path)
+    times = run_rounds(variants, rounds, cleanup)
     trainer.save_checkpoint(path)
     checked = safe_load(path)
     assert torch.equal(checked["state_dict"]["net.0.weight"], model.net[0].weight.detach())
@@ -212,7 +247,7 @@ def summarize(times: dict[str, list[float]], baseline: str) -> list[dict[str, An
             "median_ms": statistics.median(values) * 1e3,
             "min_ms": min(values) * 1e3,
             "max_ms": max(values) * 1e3,
-            "runs_ms": [round(v * 1e3, 1) for v in values],
+            "runs_ms": [round(v * 1e3, 3) for v in values],
             "baseline": baseline,
             "ratio_of_medians": statistics.median(values) / statistics.median(base),
             "median_paired_ratio": statistics.median(v / b for v, b in zip(values, base, strict=True)),
@@ -230,8 +265,37 @@ def markdown_table(sections: list[tuple[str, list[dict[str, Any]]]]) -> str:
     return "\n".join(lines)
 
 
-def machine_info() -> dict[str, Any]:
-    return common_machine_info()
+# name in the result file, and role, of each variant: (section, variant) -> (name, role)
+FIGURE_NAMES: dict[tuple[str, str], tuple[str, str]] = {
+    ("save", "atomic_save (ours)"): ("save_ours", "ours"),
+    ("save", "torch.save + fsync"): ("save_durable", "baseline"),
+    ("save", "torch.save (bare)"): ("save_bare", "reference"),
+    ("load", "safe_load (ours)"): ("load_ours", "ours"),
+    ("load", "torch.load(weights_only=True)"): ("load_torch", "baseline"),
+    ("Trainer save", "Trainer.save_checkpoint (ours)"): ("trainer_save_ours", "ours"),
+    ("Trainer save", "torch.save + fsync"): ("trainer_save_durable", "baseline"),
+    ("Trainer save", "torch.save (bare)"): ("trainer_save_bare", "reference"),
+    ("Trainer save", "Lightning trainer.save_checkpoint"): ("trainer_save_lightning", "lightning"),
+}
+SAVE_TARGET = 1.10
+
+
+def figures(sections: list[tuple[str, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+    """ms per call for every variant; ratios paired per round against the section's baseline."""
+    out = []
+    for title, rows in sections:
+        base_row = next(r for r in rows if r["variant"] == r["baseline"])
+        base_name = FIGURE_NAMES[(title, base_row["variant"])][0]
+        for r in rows:
+            name, role = FIGURE_NAMES[(title, r["variant"])]
+            is_base = r is base_row
+            out.append(figure(
+                name, f"{title}: {r['variant']}", r["runs_ms"], "ms", role=role,  # type: ignore[arg-type]
+                baseline=None if is_base else base_name,
+                ratios=None if is_base else paired(r["runs_ms"], base_row["runs_ms"]),
+                target=SAVE_TARGET if role == "ours" and "save" in title.lower() else None,
+            ))
+    return out
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -242,8 +306,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="Linear width; 4 layers x 3 copies (weights + 2 Adam moments) "
                              "(default 1448 = 100.7 MB, quick 512 = 12.6 MB)")
     parser.add_argument("--no-trainer", action="store_true", help="skip the Trainer.save_checkpoint comparison")
-    parser.add_argument("--dir", type=Path, default=RESULTS,
-                        help=f"where the scratch folder is made (same filesystem as the repo; default {RESULTS})")
+    parser.add_argument("--no-lightning", action="store_true", help="skip Lightning even when it is installed")
+    parser.add_argument("--dir", type=Path, default=None,
+                        help="where the scratch folder is made (default: the folder of --out, i.e. "
+                             f"{RESULTS} unless --out says otherwise)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results file (default {DEFAULT_OUT})")
     return parser.parse_args(argv)
 
@@ -255,6 +321,7 @@ def main(argv: list[str] | None = None) -> None:
     obj = make_checkpoint(width)
     size = tensor_bytes(obj)
 
+    args.dir = args.dir or args.out.parent
     args.dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="checkpoint-bench-", dir=args.dir))
     started = time.perf_counter()
@@ -264,7 +331,7 @@ def main(argv: list[str] | None = None) -> None:
         sections = [("save", save), ("load", load)]
         trainer_rows, trainer_bytes = None, None
         if not args.no_trainer:
-            times, trainer_bytes = measure_trainer_save(width, workdir, rounds)
+            times, trainer_bytes = measure_trainer_save(width, workdir, rounds, not args.no_lightning)
             trainer_rows = summarize(times, "torch.save + fsync")
             sections.append(("Trainer save", trainer_rows))
         probe = workdir / "size.ckpt"
@@ -281,7 +348,7 @@ def main(argv: list[str] | None = None) -> None:
         "save_ours_vs_bare": by_name["atomic_save (ours)"]["median_ms"] / by_name["torch.save (bare)"]["median_ms"],
         "durable_vs_bare": by_name["torch.save + fsync"]["median_ms"] / by_name["torch.save (bare)"]["median_ms"],
         "load_ours_vs_torch_load": by_name["safe_load (ours)"]["ratio_of_medians"],
-        "save_target": 1.10,
+        "save_target": SAVE_TARGET,
     }
     headline["save_target_met"] = headline["save_ours_vs_durable"] <= headline["save_target"]
     print(f"\n{size / 1e6:.1f} MB of tensors ({file_bytes / 1e6:.1f} MB file), {rounds} interleaved rounds, "
@@ -293,19 +360,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"load: ours / torch.load = {headline['load_ours_vs_torch_load']:.2f}x")
     print(f"benchmark took {elapsed:.1f} s")
 
-    payload = {
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "config": {"width": width, "layers": 4, "rounds": rounds, "quick": args.quick, "tensor_bytes": size,
-                   "file_bytes": file_bytes, "trainer_tensor_bytes": trainer_bytes},
-        "machine": machine_info(),
-        "headline": headline,
-        "save": save,
-        "load": load,
-        "trainer_save": trainer_rows,
-        "elapsed_s": round(elapsed, 2),
-        "table": table,
-    }
-    write_results(args.out, payload)
+    write_result(
+        args.out, "checkpoint", figures(sections), mode="quick" if args.quick else "full",
+        config={"width": width, "layers": 4, "rounds": rounds, "quick": args.quick, "tensor_bytes": size,
+                "file_bytes": file_bytes, "trainer_tensor_bytes": trainer_bytes},
+        elapsed_s=elapsed, machine=machine_info(lightning=lightning_version()),
+        headline=headline, save=save, load=load, trainer_save=trainer_rows, table=table,
+    )
 
 
 if __name__ == "__main__":

@@ -8,21 +8,24 @@ seeded synthetic data, with batch 64 per rank, on 2 CPU ranks joined by gloo on 
 - ours: a TrainModule fitted by `Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", ...)` with
   every extra switched off; the Trainer injects the DistributedSampler itself;
 - ours, 1 rank: the same TrainModule with `devices=1` (single device, in this process), for the
-  1-rank vs 2-rank throughput.
+  1-rank vs 2-rank throughput;
+- Lightning (when installed): the same module as a LightningModule, `pl.Trainer(strategy="ddp_spawn",
+  devices=2)` with the same flags off (benchmarks/_ddp_lightning.py; rank 0 writes its stamps to a file).
 
 Every rank runs one thread (`OMP_NUM_THREADS=1`, `torch.set_num_threads(1)`). Per-step time is stamped on
 rank 0 after the optimizer step (raw: in the loop; ours: a Callback's `on_train_batch_end`), the first
 `warmup_steps` intervals of each fit are dropped and the median of the rest is taken. Variants run in
 interleaved rounds with a rotated order (raw, ours, ours-1, then ours, ours-1, raw, ...), each fit in fresh
 processes, so drift in machine speed hits all alike; the ratio ours/raw is the median over rounds of the
-ratio paired within a round. Process start-up is not part of a step and is not measured.
+ratio paired within a round, and so is the 2-rank vs 1-rank throughput. Process start-up is not part of a
+step and is not measured.
 
     .venv/bin/python benchmarks/ddp.py            # full run (about 5 minutes on 2 idle cores; 10 on busy ones)
     .venv/bin/python benchmarks/ddp.py --quick    # smoke run (< 60 s; process start-up dominates)
 
-Beside the median wall time, the table gives the 10th percentile of the step intervals and rank 0's main-thread
-CPU time per step: on a machine shared with other work, wall time swings with their load, and these two swing
-less. The verdict on the target says "inconclusive" when the rounds disagree by more than its margin.
+Beside the median wall time, the results give rank 0's main-thread CPU time per step (and the JSON file the
+10th percentile of the step intervals): on a machine shared with other work, wall time swings with their load,
+and these swing less. The target's note says "inconclusive" when the rounds disagree by more than its margin.
 
 Spawn pickles what it sends to the ranks and re-imports this file in each of them: the classes below are
 at module level and the entry point sits under `if __name__ == "__main__":`.
@@ -31,7 +34,6 @@ at module level and the entry point sits under `if __name__ == "__main__":`.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -44,8 +46,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from common import StepClock, git_commit, load_average, quartiles, steady_intervals, write_results  # noqa: F401
-from common import machine_info as common_machine_info
+from common import (
+    StepClock,
+    figure,
+    lightning_version,
+    load_average,
+    machine_info,
+    paired,
+    quartiles,
+    steady_intervals,
+    write_result,
+)
+from tables import figures_table
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
@@ -61,10 +73,12 @@ TARGET = 1.03  # ours / raw step time on 2 ranks; reported against, never assert
 WORLD_SIZE = 2
 
 LABELS: dict[str, str] = {
-    "raw": "raw DDP (tutorial: mp.spawn + DistributedSampler + DDP), 2 ranks",
-    "ours": 'ours, Trainer(strategy="ddp_spawn", devices=2)',
-    "ours_1": "ours, Trainer(devices=1), 1 rank",
+    "raw": "raw DDP script, 2 ranks",
+    "ours": "ours, ddp_spawn, 2 ranks",
+    "ours_1": "ours, 1 rank",
+    "lightning": "Lightning, ddp_spawn, 2 ranks",
 }
+RANKS: dict[str, int] = {"raw": WORLD_SIZE, "ours": WORLD_SIZE, "ours_1": 1, "lightning": WORLD_SIZE}
 
 
 @dataclass
@@ -209,7 +223,11 @@ def run_ours(cfg: Config, devices: int) -> dict[str, Any]:
 def run_variant(name: str, cfg: Config) -> dict[str, Any]:
     if name == "raw":
         return run_raw(cfg)
-    return run_ours(cfg, WORLD_SIZE if name == "ours" else 1)
+    if name == "lightning":
+        from _ddp_lightning import run_lightning  # imported only here: Lightning's import takes seconds
+
+        return run_lightning(cfg, BenchModule, TRAINER_FLAGS, WORLD_SIZE)
+    return run_ours(cfg, RANKS[name])
 
 
 @dataclass
@@ -226,6 +244,7 @@ class VariantResult:
     cpu_step_ratio: float | None
     p10_ratio: float | None
     round_median_ms: list[float] = field(default_factory=list)
+    round_cpu_median_ms: list[float] = field(default_factory=list)
     round_step_ratios: list[float] = field(default_factory=list)
     threads: list[int] = field(default_factory=list)
     load_1min_at_start: list[float | None] = field(default_factory=list)
@@ -247,7 +266,7 @@ def measure(cfg: Config, names: list[str], verbose: bool = True) -> dict[str, li
             load = load_average()
             run = run_variant(name, cfg)
             run["load_1min_at_start"] = load[0] if load else None
-            expected = steps_per_fit(cfg, 1 if name == "ours_1" else WORLD_SIZE)
+            expected = steps_per_fit(cfg, RANKS[name])
             if len(run["wall"]) != expected:
                 raise RuntimeError(f"{name}: {len(run['wall'])} steps recorded on rank 0, expected {expected}")
             runs[name].append(run)
@@ -265,14 +284,14 @@ def summarize(cfg: Config, runs: dict[str, list[dict[str, Any]]]) -> list[Varian
     per_round_p10 = {n: [p10(steady_intervals(r["wall"], w)) for r in rs] for n, rs in runs.items()}
     out = []
     for name, variant_runs in runs.items():
-        ranks = 1 if name == "ours_1" else WORLD_SIZE
+        ranks = RANKS[name]
         pooled = [d for r in variant_runs for d in steady_intervals(r["wall"], w)]
         pooled_cpu = [d for r in variant_runs for d in steady_intervals(r["cpu"], w)]
         ratios = cpu_ratios = p10_ratios = None
-        if name == "ours":
-            p10_ratios = [o / b for o, b in zip(per_round_p10["ours"], per_round_p10["raw"], strict=True)]
-            ratios = [o / b for o, b in zip(per_round["ours"], per_round["raw"], strict=True)]
-            cpu_ratios = [o / b for o, b in zip(per_round_cpu["ours"], per_round_cpu["raw"], strict=True)]
+        if name != "raw" and ranks == WORLD_SIZE:
+            p10_ratios = paired(per_round_p10[name], per_round_p10["raw"])
+            ratios = paired(per_round[name], per_round["raw"])
+            cpu_ratios = paired(per_round_cpu[name], per_round_cpu["raw"])
         median_s = statistics.median(pooled)
         out.append(VariantResult(
             name=name, label=LABELS[name], ranks=ranks,
@@ -285,6 +304,7 @@ def summarize(cfg: Config, runs: dict[str, list[dict[str, Any]]]) -> list[Varian
             cpu_step_ratio=round(statistics.median(cpu_ratios), 4) if cpu_ratios else None,
             p10_ratio=round(statistics.median(p10_ratios), 4) if p10_ratios else None,
             round_median_ms=[round(m * 1e3, 3) for m in per_round[name]],
+            round_cpu_median_ms=[round(m * 1e3, 3) for m in per_round_cpu[name]],
             round_step_ratios=[round(x, 4) for x in ratios] if ratios else [],
             threads=[r["threads"] for r in variant_runs],
             load_1min_at_start=[r["load_1min_at_start"] for r in variant_runs],
@@ -292,49 +312,48 @@ def summarize(cfg: Config, runs: dict[str, list[dict[str, Any]]]) -> list[Varian
     return out
 
 
-def verdict(ratio: float, lo: float, hi: float) -> str:
-    """'met'/'missed', unless the rounds disagree by more than the target's margin (noise from other load)."""
-    if hi - lo > 2 * (TARGET - 1.0):
-        return f"inconclusive: rounds spread {lo:.2f}–{hi:.2f}"
-    return "met" if ratio <= TARGET else "missed"
+def spread_note(ratios: list[float]) -> str | None:
+    """Says so when the rounds disagree by more than the target's margin (noise from other load)."""
+    lo, hi = quartiles(ratios)
+    return f"inconclusive: rounds' IQR {lo:.2f}–{hi:.2f}" if hi - lo > 2 * (TARGET - 1.0) else None
 
 
-def markdown_table(results: list[VariantResult]) -> str:
-    by_name = {r.name: r for r in results}
-    lines = [
-        "| variant | ranks | wall ms/step (median) | ours/raw wall (paired; IQR over rounds) | wall p10 ms/step "
-        "| ours/raw p10 | rank-0 main-thread CPU ms/step | ours/raw CPU | samples/s | target (wall) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
+def figures(cfg: Config, results: list[VariantResult]) -> list[dict[str, Any]]:
+    """Wall and rank-0 CPU ms/step (each round's median) against raw DDP; 2-rank vs 1-rank throughput."""
+    by = {r.name: r for r in results}
+    out = []
     for r in results:
-        ratio, p10_ratio, cpu_ratio, target = "", "", "", ""
-        if r.step_ratio is not None and r.step_ratio_iqr is not None:
-            lo, hi = r.step_ratio_iqr
-            ratio = f"{r.step_ratio:.3f}x ({lo:.3f}–{hi:.3f})"
-            cpu_ratio = f"{r.cpu_step_ratio:.3f}x"
-            p10_ratio = f"{r.p10_ratio:.3f}x"
-            target = f"≤ {TARGET:.2f}x ({verdict(r.step_ratio, lo, hi)})"
-        elif r.name == "raw":
-            ratio, p10_ratio, cpu_ratio = "1.000x", "1.000x", "1.000x"
-        lines.append(f"| {r.label} | {r.ranks} | {r.median_ms:.2f} | {ratio} | {r.p10_ms:.2f} | {p10_ratio} "
-                     f"| {r.cpu_median_ms:.2f} | {cpu_ratio} | {r.samples_per_s:.0f} | {target} |")
-    if "ours" in by_name and "ours_1" in by_name:
-        two, one = by_name["ours"], by_name["ours_1"]
-        speedup = two.samples_per_s / one.samples_per_s
-        lines.append("")
-        lines.append(f"ours, 2 ranks vs 1 rank: {two.samples_per_s:.0f} vs {one.samples_per_s:.0f} samples/s = "
-                     f"{speedup:.2f}x throughput ({speedup / WORLD_SIZE:.0%} scaling efficiency).")
-    return "\n".join(lines)
-
-
-def machine_info() -> dict[str, Any]:
-    return common_machine_info(omp_num_threads=os.environ.get("OMP_NUM_THREADS"))
+        role = "baseline" if r.name == "raw" else "lightning" if r.name == "lightning" else "ours"
+        compared = r.name != "raw" and r.ranks == WORLD_SIZE
+        out.append(figure(r.name, r.label, r.round_median_ms, "ms/step", role=role,
+                          baseline="raw" if compared else None, ratios=r.round_step_ratios if compared else None,
+                          target=TARGET if r.name == "ours" else None,
+                          note=spread_note(r.round_step_ratios) if r.name == "ours" else None))
+    for name in [n for n in ("raw", "ours", "lightning") if n in by]:
+        r = by[name]
+        out.append(figure(
+            f"{name}_cpu", f"{r.label}: rank-0 CPU time", r.round_cpu_median_ms, "ms/step",
+            role="baseline" if name == "raw" else "lightning" if name == "lightning" else "ours",
+            baseline=None if name == "raw" else "raw_cpu",
+            ratios=None if name == "raw" else paired(r.round_cpu_median_ms, by["raw"].round_cpu_median_ms),
+        ))
+    if "ours" in by and "ours_1" in by:
+        one = [cfg.batch_size / (m / 1e3) for m in by["ours_1"].round_median_ms]
+        two = [cfg.batch_size * WORLD_SIZE / (m / 1e3) for m in by["ours"].round_median_ms]
+        speedup = statistics.median(paired(two, one))
+        out.append(figure("ours_1_throughput", "ours, 1 rank: throughput", one, "samples/s", role="baseline",
+                          better="higher"))
+        out.append(figure("ours_throughput", "ours, 2 ranks: throughput", two, "samples/s", better="higher",
+                          baseline="ours_1_throughput", ratios=paired(two, one),
+                          note=f"scaling efficiency {speedup / WORLD_SIZE:.0%}"))
+    return out
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 rounds of one 20-step epoch (smoke test, < 60 s)")
     parser.add_argument("--rounds", type=int, default=None, help="measured rounds (default 9, quick 2)")
+    parser.add_argument("--no-lightning", action="store_true", help="skip Lightning even when it is installed")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results file (default {DEFAULT_OUT})")
     return parser.parse_args(argv)
 
@@ -348,6 +367,9 @@ def main(argv: list[str] | None = None) -> None:
         cfg.rounds, cfg.samples, cfg.epochs, cfg.warmup_steps = 2, 2_560, 1, 5
     cfg.rounds = args.rounds if args.rounds is not None else cfg.rounds
     names = ["raw", "ours", "ours_1"]
+    if not args.no_lightning and lightning_version() is not None:
+        os.environ.setdefault("PYTHONWARNINGS", "ignore")  # Lightning's num_workers hints, in every rank
+        names.append("lightning")
     n_params = sum(p.numel() for p in make_mlp(cfg).parameters())
     print(f"MLP {cfg.in_features}-{cfg.hidden}-{cfg.hidden}-{cfg.classes} ({n_params / 1e6:.2f} M parameters), "
           f"batch {cfg.batch_size} per rank, {steps_per_fit(cfg, WORLD_SIZE)} steps per 2-rank fit, "
@@ -357,24 +379,20 @@ def main(argv: list[str] | None = None) -> None:
     runs = measure(cfg, names)
     elapsed = time.perf_counter() - started
     results = summarize(cfg, runs)
-    table = markdown_table(results)
+    figs = figures(cfg, results)
+    table = figures_table(figs)
     print(f"\nfirst {cfg.warmup_steps} step intervals of each fit dropped, torch {torch.__version__}, "
           f"1 thread per rank, load average before/after {load_before} / {load_average()}\n")
     print(table)
     print(f"\nbenchmark took {elapsed:.1f} s")
 
-    payload = {
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "config": asdict(cfg),
-        "parameters": n_params,
-        "machine": machine_info(),
-        "load_average_before_after": [load_before, load_average()],
-        "target": TARGET,
-        "results": [asdict(r) for r in results],
-        "elapsed_s": round(elapsed, 2),
-        "table": table,
-    }
-    write_results(args.out, payload)
+    write_result(
+        args.out, "ddp", figs, mode="quick" if args.quick else "full", config=asdict(cfg),
+        elapsed_s=elapsed, machine=machine_info(omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
+                                                lightning=lightning_version()),
+        parameters=n_params, load_average_before_after=[load_before, load_average()], target=TARGET,
+        results=[asdict(r) for r in results], table=table,
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,10 @@ ratio to raw is the median over rounds of the paired ratio (variant / raw in the
 shared machine other processes steal the CPU mid-step, which inflates wall time but not CPU time. Whole-fit
 wall time covers optimizer creation + the loop for raw, and `Trainer(...)` + `fit()` for the frameworks.
 
+After the timed rounds, one more fit of the raw loop and of ours (no logging) runs under cProfile; the
+result file keeps the functions with the most own time per step (docs/benchmarks.md lists them when a target
+is missed). `--no-profile` skips it.
+
     .venv/bin/python benchmarks/overhead.py            # full run (1–2 minutes on an idle machine)
     .venv/bin/python benchmarks/overhead.py --quick    # smoke run (< 60 s)
 """
@@ -21,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import gc
 import io
 import logging
@@ -35,8 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import StepClock, git_commit, load_average, quartiles, steady_intervals, write_results  # noqa: F401
-from common import machine_info as common_machine_info
+from common import StepClock, figure, lightning_version, machine_info, quartiles, steady_intervals, write_result
+from profiling import profile_top
+from tables import figures_table
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
@@ -48,8 +52,6 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "overhead.json"
 
 # Targets are reported against, never asserted: a benchmark that fails on a noisy machine helps nobody.
 TARGETS: dict[str, float] = {"ours": 1.03, "ours_log": 1.10, "ours_log_bar": 1.15}
-# Lightning 2.6.6 on this workload, measured earlier (see FACTS.md); printed for context.
-LIGHTNING_REFERENCE: dict[str, float] = {"lightning": 1.52, "lightning_log": 2.05, "lightning_log_bar": 2.28}
 
 LABELS: dict[str, str] = {
     "raw": "raw torch loop",
@@ -314,38 +316,26 @@ def summarize(cfg: Config, runs: dict[str, list[Run]]) -> list[VariantResult]:
 
 
 
-def markdown_table(results: list[VariantResult]) -> str:
-    """The table printed to stdout and pasted into docs/benchmarks.md."""
-    lines = [
-        "| variant | wall µs/step | vs raw | vs raw, IQR over rounds | CPU µs/step | vs raw (CPU) "
-        "| fit wall s | vs raw (fit) | target |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
+def figures(results: list[VariantResult]) -> list[dict[str, Any]]:
+    """The result file's figures: µs/step over rounds (each round's median), ratios paired per round."""
+    out = []
     for r in results:
-        if r.target is not None:
-            verdict = "met" if r.step_ratio <= r.target else "missed"
-            target = f"≤ {r.target:.2f}x ({verdict})"
-        elif r.name in LIGHTNING_REFERENCE:
-            target = f"earlier: {LIGHTNING_REFERENCE[r.name]:.2f}x"
-        else:
-            target = ""
-        lo, hi = r.step_ratio_iqr
-        lines.append(
-            f"| {r.label} | {r.median_us:.0f} | {r.step_ratio:.3f}x | {lo:.3f}–{hi:.3f} | {r.cpu_median_us:.0f} "
-            f"| {r.cpu_step_ratio:.3f}x | {r.fit_s:.3f} | {r.fit_ratio:.3f}x | {target} |"
-        )
-    return "\n".join(lines)
+        role = "baseline" if r.name == "raw" else "lightning" if r.name.startswith("lightning") else "ours"
+        out.append(figure(
+            r.name, r.label, r.round_median_us, "µs/step", role=role,
+            baseline=None if r.name == "raw" else "raw",
+            ratios=None if r.name == "raw" else r.round_step_ratios,
+            target=r.target,
+        ))
+    return out
 
 
-def machine_info() -> dict[str, Any]:
-    """Enough to tell whether two result files are comparable (Lightning's version too)."""
-    try:
-        import lightning
-
-        version = lightning.__version__
-    except ImportError:
-        version = None
-    return common_machine_info(lightning=version)
+def profile_fits(dataset: TensorDataset, cfg: Config) -> dict[str, Any]:
+    """One fit each of the raw loop and of ours (no logging) under cProfile, one epoch."""
+    one_epoch = Config(**{**asdict(cfg), "epochs": 1})
+    steps = -(-cfg.samples // cfg.batch_size)
+    return {"raw": profile_top(lambda: run_raw(dataset, one_epoch), steps),
+            "ours": profile_top(lambda: run_ours(dataset, one_epoch, False), steps)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -354,6 +344,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=None, help="measured rounds (default 10, quick 3)")
     parser.add_argument("--samples", type=int, default=None, help="synthetic samples (default 20480, quick 6400)")
     parser.add_argument("--no-lightning", action="store_true", help="skip Lightning even when it is installed")
+    parser.add_argument("--no-profile", action="store_true", help="skip the cProfile fits after the timed rounds")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results file (default {DEFAULT_OUT})")
     return parser.parse_args(argv)
 
@@ -378,28 +369,24 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     runs = measure(cfg, variants)
     results = summarize(cfg, runs)
+    profile = None if args.no_profile else profile_fits(make_data(cfg), cfg)
     elapsed = time.perf_counter() - started
     load_after = os.getloadavg()
 
-    table = markdown_table(results)
+    figs = figures(results)
+    table = figures_table(figs)
     steps = cfg.epochs * -(-cfg.samples // cfg.batch_size)
     print(f"\n{steps} steps per fit, {cfg.rounds} rounds (+1 warm-up), first {cfg.warmup_steps} steps dropped, "
           f"torch {torch.__version__}, {torch.get_num_threads()} thread\n")
     print(table)
     print(f"\nbenchmark took {elapsed:.1f} s; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after")
 
-    payload = {
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "config": asdict(cfg),
-        "machine": machine_info(),
-        "targets": TARGETS,
-        "lightning_reference": LIGHTNING_REFERENCE,
-        "results": [asdict(r) for r in results],
-        "elapsed_s": round(elapsed, 2),
-        "load_average_1min": {"before": round(load_before[0], 2), "after": round(load_after[0], 2)},
-        "table": table,
-    }
-    write_results(args.out, payload)
+    write_result(
+        args.out, "overhead", figs, mode="quick" if args.quick else "full", config=asdict(cfg),
+        elapsed_s=elapsed, machine=machine_info(lightning=lightning_version()),
+        results=[asdict(r) for r in results], profile=profile,
+        load_average_1min={"before": round(load_before[0], 2), "after": round(load_after[0], 2)}, table=table,
+    )
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ busy 2-core machine, two OpenMP threads wait on each other and fp32 time swings 
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import statistics
 import time
@@ -28,8 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import StepClock, git_commit, load_average, quartiles, steady_intervals, write_results  # noqa: F401
-from common import machine_info as common_machine_info
+from common import figure, machine_info, paired, write_result
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
@@ -138,10 +136,20 @@ def summarize(runs: dict[str, list[list[float]]]) -> list[dict[str, Any]]:
             "precision": name,
             "median_us": statistics.median(d for r in rounds for d in r) * 1e6,
             "round_median_us": [round(m * 1e6, 1) for m in per_round],
-            "ratio": statistics.median(v / b for v, b in zip(per_round, base, strict=True)),
+            "round_ratios": paired(per_round, base),
+            "ratio": statistics.median(paired(per_round, base)),
             "baseline": base_name,
         })
     return out
+
+
+def figures(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """ms/step per precision (each round's median), paired per round against the first precision."""
+    return [figure(r["precision"], f"Trainer(precision=\"{r['precision']}\")",
+                   [m / 1e3 for m in r["round_median_us"]], "ms/step",
+                   role="baseline" if i == 0 else "ours", baseline=None if i == 0 else results[0]["precision"],
+                   ratios=None if i == 0 else r["round_ratios"])
+            for i, r in enumerate(results)]
 
 
 def markdown_table(results: list[dict[str, Any]]) -> str:
@@ -151,10 +159,10 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def machine_info(cfg: Config) -> dict[str, Any]:
+def precision_machine_info(cfg: Config) -> dict[str, Any]:
     """Enough to tell whether two result files are comparable (the CPU's vector ISA decides bf16 speed)."""
     gpu = {"gpu": torch.cuda.get_device_name(0)} if cfg.accelerator == "cuda" else {}
-    return common_machine_info(cpu_capability=torch.backends.cpu.get_cpu_capability(), **gpu)
+    return machine_info(cpu_capability=torch.backends.cpu.get_cpu_capability(), **gpu)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -195,15 +203,9 @@ def main(argv: list[str] | None = None) -> None:
     print(table)
     print(f"\nbenchmark took {elapsed:.1f} s")
 
-    payload = {
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "config": asdict(cfg),
-        "machine": machine_info(cfg),
-        "results": results,
-        "elapsed_s": round(elapsed, 2),
-        "table": table,
-    }
-    write_results(args.out, payload)
+    write_result(args.out, "precision", figures(results), mode="quick" if args.quick else "full",
+                 config=asdict(cfg), elapsed_s=elapsed, machine=precision_machine_info(cfg), results=results,
+                 table=table)
 
 
 if __name__ == "__main__":

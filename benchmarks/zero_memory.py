@@ -42,10 +42,8 @@ memory figures are not.
 from __future__ import annotations
 
 import argparse
-import datetime
 import multiprocessing
 import os
-import platform
 import statistics
 import time
 import traceback
@@ -55,7 +53,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from common import write_results
+from common import figure, machine_info, paired, write_result
 from torch import Tensor, nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
@@ -321,9 +319,25 @@ def markdown_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def machine() -> dict[str, Any]:
-    return {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-            "cpu_count": os.cpu_count(), "load_average": os.getloadavg()}
+def figures(runs: dict[str, list[list[dict[str, Any]]]], summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per stage: model state and peak RSS (MiB, the larger rank) and step time, each paired per round with ddp."""
+    ddp_formula = summary["ddp"]["expected_bytes"]["model_state"]
+    out = []
+    for key, label, unit, scale in (("model_state_bytes", "model state per rank", "MiB", 1 / MiB),
+                                    ("peak_rss_above_baseline_bytes", "peak RSS above baseline", "MiB", 1 / MiB),
+                                    ("step_s", "step time (rank 0)", "ms/step", 1e3)):
+        short = key.removesuffix("_bytes").removesuffix("_s")  # model_state, peak_rss_above_baseline, step
+        base = [(rnd[0][key] if key == "step_s" else max(r[key] for r in rnd)) * scale for rnd in runs["ddp"]]
+        for stage in STAGES:
+            values = [(rnd[0][key] if key == "step_s" else max(r[key] for r in rnd)) * scale for rnd in runs[stage]]
+            formula = summary[stage]["expected_bytes"]["model_state"] / ddp_formula
+            is_base = stage == "ddp"
+            out.append(figure(
+                f"{stage}_{short}", f"{stage}: {label}", values, unit, role="baseline" if is_base else "ours",
+                baseline=None if is_base else f"ddp_{short}", ratios=None if is_base else paired(values, base),
+                note=f"formula {formula:.3f}x" if key == "model_state_bytes" and not is_base else None,
+            ))
+    return out
 
 
 def main() -> None:
@@ -354,21 +368,11 @@ def main() -> None:
     table = markdown_table(summary)
     print()
     print(table)
-    report = {
-        "benchmark": "zero_memory",
-        "date": datetime.date.today().isoformat(),
-        "mode": "quick" if args.quick else "full",
-        "config": asdict(cfg),
-        "num_params": num_params(cfg),
-        "world_size": WORLD_SIZE,
-        "machine": machine(),
-        "wall_s": time.perf_counter() - started,
-        "summary": summary,
-        "runs": runs,
-        "table_markdown": table,
-    }
-    write_results(args.out, report)
-    print(f"({report['wall_s']:.0f} s)")
+    elapsed = time.perf_counter() - started
+    write_result(args.out, "zero_memory", figures(runs, summary), mode="quick" if args.quick else "full",
+                 config=asdict(cfg), elapsed_s=elapsed, machine=machine_info(),
+                 num_params=num_params(cfg), world_size=WORLD_SIZE, summary=summary, runs=runs, table_markdown=table)
+    print(f"({elapsed:.0f} s)")
 
 
 if __name__ == "__main__":

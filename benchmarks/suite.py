@@ -1,0 +1,74 @@
+"""The benchmark suite: every benchmark `make bench` runs, in order, with its arguments and its targets.
+
+Adding a benchmark is one entry here. Its script lives in benchmarks/, accepts `--out PATH` (plus the
+arguments below), and writes its result with `common.write_result(out, <name>, figures, ...)`. An entry
+whose script is not there yet (or, with `needs_cuda`, on a machine without CUDA) is shown as "not run".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"  # git-ignored: every run writes here
+PUBLISHED = HERE / "published"  # committed: results that cannot be re-made on the CPU machines (GPU)
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One entry of the suite."""
+
+    name: str  # the result file's `benchmark` key and its file name (<name>.json)
+    script: str  # file name in benchmarks/
+    title: str
+    targets: str  # what is aimed at, in words ("" when nothing is)
+    full_args: tuple[str, ...] = ()  # `make bench` (sized to keep the whole suite within 15 minutes on 2 cores)
+    quick_args: tuple[str, ...] = ("--quick",)  # `--quick` (the whole suite within 3 minutes; CI runs it)
+    needs_cuda: bool = False
+    timeout_s: int = 900  # per run; a hung benchmark fails instead of stalling the suite
+    details: str = ""  # where the feature's own docs say more, relative to docs/
+
+    @property
+    def path(self) -> Path:
+        return HERE / self.script
+
+    @property
+    def present(self) -> bool:
+        return self.path.is_file()
+
+    def args(self, quick: bool) -> tuple[str, ...]:
+        return self.quick_args if quick else self.full_args
+
+
+BENCHMARKS: tuple[Benchmark, ...] = (
+    Benchmark("import_time", "import_time.py", "Import time",
+              "`import trainer` ≤ 0.15 s over `import torch`", quick_args=("--quick", "--rounds", "1")),
+    Benchmark("first_step", "first_step.py", "Time to first step", "", quick_args=("--quick", "--no-bare")),
+    Benchmark("overhead", "overhead.py", "Per-step overhead against a raw PyTorch loop",
+              "≤ 1.03x raw without logging, ≤ 1.10x with `self.log` every step, ≤ 1.15x with log + progress bar",
+              quick_args=("--quick", "--rounds", "1", "--samples", "3200")),
+    Benchmark("agreement", "agreement.py", "Per-step agreement across ranks", "cost ≤ 1 % of the step time"),
+    Benchmark("checkpoint", "checkpoint.py", "Checkpoint save and load",
+              "save ≤ 1.10x a durable `torch.save` + fsync",
+              quick_args=("--quick", "--rounds", "2"), details="checkpointing.md#benchmark"),
+    Benchmark("precision", "precision.py", "Step time per precision (CPU)", "",
+              full_args=("--rounds", "2", "--steps", "12"), quick_args=("--quick", "--steps", "2", "--width", "512"),
+              details="precision.md#benchmark"),
+    Benchmark("ddp", "ddp.py", "DDP on 2 CPU ranks against a raw DDP script", "≤ 1.03x the raw DDP script",
+              full_args=("--rounds", "4"), quick_args=("--quick", "--rounds", "1", "--no-lightning"),
+              details="distributed.md#benchmark"),
+    Benchmark("zero_memory", "zero_memory.py", "ZeRO memory per rank", "model state per rank as the formula says",
+              full_args=("--rounds", "1"), details="zero.md#benchmark"),
+    Benchmark("gpu", "gpu.py", "GPU throughput (ResNet-18, small GPT)", "", quick_args=("--quick",),
+              needs_cuda=True),
+)
+
+
+def by_name(names: list[str]) -> list[Benchmark]:
+    """The entries named, in suite order; unknown names are an error that lists the known ones."""
+    known = {b.name: b for b in BENCHMARKS}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return [b for b in BENCHMARKS if b.name in names]

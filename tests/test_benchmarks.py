@@ -1,0 +1,105 @@
+"""The benchmark suite runs end to end in quick mode and writes well-formed result files.
+
+Figures are never asserted (timings on a shared CI machine say nothing); only that every benchmark ran,
+exited cleanly and wrote the keys docs/benchmarks.md is generated from. Everything goes to temp folders:
+the repo's benchmarks/results/ and docs/ are left alone.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+pytestmark = [pytest.mark.timeout(300), pytest.mark.distributed]
+
+
+def _load(name: str) -> ModuleType:
+    sys.path.insert(0, str(BENCH))  # the benchmark modules import each other by bare name
+    try:
+        spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+suite = _load("suite")
+common = _load("common")
+EXPECTED = [b for b in suite.BENCHMARKS if b.present and not b.needs_cuda]
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
+    results = tmp_path_factory.mktemp("bench") / "results"
+    done = subprocess.run([sys.executable, str(BENCH / "run_all.py"), "--quick", "--results-dir", str(results),
+                           "--no-docs"], capture_output=True, text=True, timeout=290)
+    return done, results
+
+
+def _result(results: Path, name: str) -> dict[str, Any]:
+    return json.loads((results / f"{name}.json").read_text())
+
+
+def test_quick_suite_exits_cleanly(quick_run):
+    done, _ = quick_run
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+
+
+@pytest.mark.parametrize("bench", EXPECTED, ids=lambda b: b.name)
+def test_result_file_has_the_expected_keys(quick_run, bench):
+    result = _result(quick_run[1], bench.name)
+    assert (set(common.RESULT_KEYS) <= set(result), result["benchmark"], result["mode"]) == (True, bench.name, "quick")
+
+
+@pytest.mark.parametrize("bench", EXPECTED, ids=lambda b: b.name)
+def test_machine_info_is_recorded(quick_run, bench):
+    assert set(common.MACHINE_KEYS) <= set(_result(quick_run[1], bench.name)["machine"])
+
+
+@pytest.mark.parametrize("bench", EXPECTED, ids=lambda b: b.name)
+def test_every_figure_is_complete(quick_run, bench):
+    figures = _result(quick_run[1], bench.name)["figures"]
+    names = {f["name"] for f in figures}
+    bad = [f["name"] for f in figures
+           if set(f) != set(common.FIGURE_KEYS) or not all(math.isfinite(f[k]) for k in ("min", "median", "max"))
+           or (f["baseline"] is not None and (f["baseline"] not in names or f["ratio"] is None))]
+    assert figures and not bad
+
+
+def test_absent_benchmarks_are_recorded_as_not_run(quick_run):
+    runs = json.loads((quick_run[1] / "suite.json").read_text())["runs"]
+    absent = [b.name for b in suite.BENCHMARKS if not b.present or b.needs_cuda]
+    assert all(runs[name]["status"].startswith("not run") for name in absent)
+
+
+def test_docs_are_generated_from_the_results(quick_run, tmp_path):
+    docs = tmp_path / "benchmarks.md"
+    shutil.copy(BENCH.parent / "docs" / "benchmarks.md", docs)
+    done = subprocess.run([sys.executable, str(BENCH / "run_all.py"), "--report", "--results-dir",
+                           str(quick_run[1]), "--docs", str(docs), "--img-dir", str(tmp_path / "img")],
+                          capture_output=True, text=True, timeout=120)
+    text = docs.read_text()
+    missing = [b.name for b in EXPECTED if not (tmp_path / "img" / f"bench_{b.name}.png").is_file()
+               or f"<!-- generated:{b.name} start -->\nMeasured" not in text]
+    assert (done.returncode, missing) == (0, []), done.stderr[-4000:]
+
+
+def test_gpu_benchmark_smoke_runs_on_cpu(tmp_path):
+    out = tmp_path / "gpu.json"
+    done = subprocess.run([sys.executable, str(BENCH / "gpu.py"), "--smoke", "--no-lightning", "--out", str(out)],
+                          capture_output=True, text=True, timeout=280,
+                          env={**os.environ, "PYTHONPATH": str(BENCH.parent)})
+    assert done.returncode == 0 and json.loads(out.read_text())["mode"] == "smoke", done.stderr[-4000:]
