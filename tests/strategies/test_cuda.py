@@ -13,6 +13,14 @@ from tests.helpers.runif import run_if
 from trainer import Trainer, seed_everything
 
 pytestmark = run_if(min_cuda_gpus=1)
+
+
+@pytest.fixture(autouse=True)
+def _end_process_group():
+    """DDP keeps its process group for later calls in the same script; these in-process runs end it."""
+    yield
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 GPU = {**{k: v for k, v in QUIET.items() if k not in ("accelerator", "devices")}, "accelerator": "gpu", "devices": 1}
 
 
