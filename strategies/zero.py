@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
@@ -115,13 +116,16 @@ class ZeroStrategy(DDPStrategy):
             return super()._wrap(router)
         reshard = self.stage == 3
         policy = self._mixed_precision_policy()
+        # An explicit mesh on this rank's device type: FSDP2's default mesh follows the default accelerator, so
+        # CPU ranks on a machine that has CUDA would try cuda:<local_rank> (seen on an H100 host).
+        mesh = init_device_mesh(self.root_device.type, (self.world_size,))
         for module in router.module.modules():
             if module is router.module:
                 continue
             owns = any(True for _ in module.parameters(recurse=False))
             if (self.shard_modules and isinstance(module, self.shard_modules)) or (not self.shard_modules and owns):
-                fully_shard(module, reshard_after_forward=reshard, mp_policy=policy)
-        fully_shard(router, reshard_after_forward=reshard, mp_policy=policy)
+                fully_shard(module, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+        fully_shard(router, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
         return router
 
     def _mixed_precision_policy(self) -> MixedPrecisionPolicy:
