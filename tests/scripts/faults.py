@@ -42,16 +42,18 @@ class Fault:
     def __init__(self, spec: str | None, out: Path) -> None:
         self.mode, self.rank, self.step = "", -1, -1
         self.out = out
+        self.done = False  # a fault fires once per process (a skipped step does not advance global_step)
         if spec:
             self.mode, where = spec.split("@")
             rank, step = where.split(":")
             self.rank, self.step = (-1 if rank == "all" else int(rank)), int(step)
 
     def here(self, trainer: Any, *modes: str) -> bool:
-        return (self.mode in modes and trainer.global_step == self.step
+        return (self.mode in modes and trainer.global_step == self.step and not self.done
                 and (self.rank in (-1, trainer.global_rank)))
 
     def fired(self) -> None:
+        self.done = True
         with open(self.out / "fired_at.txt", "w") as f:
             f.write(repr(time.time()))
 
@@ -86,7 +88,7 @@ class FaultyModel(BoringModel):
         if f.here(t, "sync_dist_one_rank"):
             f.fired()
             self.log("x", loss, sync_dist=True)
-        if f.mode == "log_dict_keys" and t.global_step == f.step:
+        if f.mode == "log_dict_keys" and t.global_step == f.step and not f.done:
             f.fired()
             self.log_dict({f"metric_rank{t.global_rank}": loss.detach()}, sync_dist=True)
         if f.here(t, "extra_collective"):
