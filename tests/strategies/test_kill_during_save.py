@@ -98,7 +98,8 @@ def test_sigkill_at_every_offset_class_keeps_a_valid_checkpoint(tmp_path: Path, 
 def test_fifty_randomized_kills(tmp_path: Path):
     size = len(_serialized(_state(2)))
     rng = random.Random(int(os.environ.get("KILL_TRIAL_SEED", "0")) or None)
-    trials = int(os.environ.get("KILL_TRIALS", "50"))
+    default = "500" if os.environ.get("RELIABILITY_FULL") == "1" else "50"  # full mode: docs/reliability.md
+    trials = int(os.environ.get("KILL_TRIALS", default))
     for trial in range(trials):
         folder = tmp_path / f"trial{trial}"
         folder.mkdir()
