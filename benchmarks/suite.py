@@ -43,8 +43,10 @@ class Benchmark:
 
 BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("import_time", "import_time.py", "Import time",
-              "`import trainer` ≤ 0.15 s over `import torch`", quick_args=("--quick", "--rounds", "1")),
-    Benchmark("first_step", "first_step.py", "Time to first step", "", quick_args=("--quick", "--no-bare")),
+              "`import trainer` ≤ 0.15 s over `import torch`",
+              full_args=("--rounds", "6"), quick_args=("--quick", "--rounds", "1")),
+    Benchmark("first_step", "first_step.py", "Time to first step", "",
+              full_args=("--rounds", "3"), quick_args=("--quick", "--no-bare")),
     Benchmark("overhead", "overhead.py", "Per-step overhead against a raw PyTorch loop",
               "≤ 1.03x raw without logging, ≤ 1.10x with `self.log` every step, ≤ 1.15x with log + progress bar",
               quick_args=("--quick", "--rounds", "1", "--samples", "3200")),
