@@ -94,8 +94,10 @@ def summary_block(results: dict[str, dict[str, Any]], suite: dict[str, Any]) -> 
         lines.append(f"| {link} | {bench.targets or '–'} | {headline} | {verdict} "
                      f"| {result['date'][:10]}, {result['mode']} |")
     if suite.get("seconds"):
-        lines += ["", f"The last `run_all.py` run ({suite['mode']} mode, {suite['date'][:16].replace('T', ' ')}) "
-                      f"took {suite['seconds'] / 60:.1f} minutes."]
+        ran = [n for n in suite["benchmarks"] if not suite["runs"][n]["status"].startswith("not run")]
+        lines += ["", f"The last `run_all.py` run ({suite['mode']} mode, {suite['date'][:16].replace('T', ' ')}; "
+                      f"{len(ran)} benchmark{'s' * (len(ran) != 1)}: {', '.join(ran)}) took "
+                      f"{suite['seconds'] / 60:.1f} minutes."]
     return "\n".join(lines)
 
 

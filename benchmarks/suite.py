@@ -44,7 +44,7 @@ class Benchmark:
 BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("import_time", "import_time.py", "Import time",
               "`import trainer` ≤ 0.15 s over `import torch`",
-              full_args=("--rounds", "6"), quick_args=("--quick", "--rounds", "1")),
+              full_args=("--rounds", "5"), quick_args=("--quick", "--rounds", "1")),
     Benchmark("first_step", "first_step.py", "Time to first step", "",
               full_args=("--rounds", "3"), quick_args=("--quick", "--no-bare")),
     Benchmark("overhead", "overhead.py", "Per-step overhead against a raw PyTorch loop",
@@ -60,7 +60,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               full_args=("--rounds", "2", "--steps", "12"), quick_args=("--quick", "--steps", "2", "--width", "512"),
               details="precision.md#benchmark"),
     Benchmark("ddp", "ddp.py", "DDP on 2 CPU ranks against a raw DDP script", "≤ 1.03x the raw DDP script",
-              full_args=("--rounds", "4"), quick_args=("--quick", "--rounds", "1", "--no-lightning"),
+              full_args=("--rounds", "3"), quick_args=("--quick", "--rounds", "1", "--no-lightning"),
               details="distributed.md#benchmark"),
     Benchmark("zero_memory", "zero_memory.py", "ZeRO memory per rank", "model state per rank as the formula says",
               full_args=("--rounds", "1"), details="zero.md#benchmark"),
