@@ -49,7 +49,7 @@ def profile_top(fn: Callable[[], Any], steps: int, limit: int = 12) -> dict[str,
     entries = []
     for (file, line, func), (_, ncalls, tottime, cumtime, _callers) in raw.items():
         entries.append({"function": _where(file, line, func), "framework": _is_framework(file),
-                        "calls_per_step": round(ncalls / steps, 2), "own_us_per_step": round(tottime / steps * 1e6, 2),
+                        "calls_per_step": round(ncalls / steps, 4), "own_us_per_step": round(tottime / steps * 1e6, 2),
                         "cumulative_us_per_step": round(cumtime / steps * 1e6, 2)})
     entries.sort(key=lambda e: e["own_us_per_step"], reverse=True)
     total = sum(e["own_us_per_step"] for e in entries)

@@ -29,6 +29,11 @@ def marker(name: str, edge: str) -> str:
     return f"<!-- generated:{name} {edge} -->"
 
 
+def anchor(title: str) -> str:
+    """The id a Markdown renderer (GitHub, mkdocs) gives the heading `## title`."""
+    return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+
+
 def load_results(results_dir: Path) -> dict[str, dict[str, Any]]:
     """name -> result, from `results_dir`, else from benchmarks/published/ (results made elsewhere, e.g. GPU)."""
     found = {}
@@ -65,26 +70,34 @@ def verdicts(result: dict[str, Any] | None) -> tuple[int, int]:
     return judged.count(False), len(judged)
 
 
+def vs_baseline_short(f: dict[str, Any]) -> str:
+    """The paired difference where there is one (import time, time to first step), else the paired ratio."""
+    if f["delta"] is not None:
+        return f"{'+' if f['delta'] >= 0 else '−'}{fmt(abs(f['delta']), f['unit'])}"
+    return f"{f['ratio']:.3f}x" if f["ratio"] is not None else "–"
+
+
 def summary_block(results: dict[str, dict[str, Any]], suite: dict[str, Any]) -> str:
     lines = ["| benchmark | target | headline (ours) | verdict | measured |", "|---|---|---|---|---|"]
     for bench in BENCHMARKS:
         result = results.get(bench.name)
-        link = f"[{bench.title}](#{bench.name.replace('_', '-')})"
+        link = f"[{bench.title}](#{anchor(bench.title)})"
         if result is None:
             status = suite.get("runs", {}).get(bench.name, {}).get("status", "not run")
             lines.append(f"| {link} | {bench.targets or '–'} | – | {status} | – |")
             continue
         shown = [f for f in result["figures"] if f["target"] is not None] or \
                 [f for f in result["figures"] if f["role"] == "ours" and f["baseline"]][:2]
-        headline = "; ".join(f"{f['label']}: {fmt(f['median'], f['unit'])}" + (
-            f" ({f['ratio']:.3f}x)" if f["ratio"] is not None else "") for f in shown)
+        headline = "; ".join(f"{f['label']}: {fmt(f['median'], f['unit'])} ({vs_baseline_short(f)})" for f in shown)
         missed, total = verdicts(result)
         verdict = "–" if total == 0 else "met" if missed == 0 else f"**missed** ({missed} of {total} targets)"
         lines.append(f"| {link} | {bench.targets or '–'} | {headline} | {verdict} "
                      f"| {result['date'][:10]}, {result['mode']} |")
     if suite.get("seconds"):
-        lines += ["", f"The last `run_all.py` run ({suite['mode']} mode, {suite['date'][:16].replace('T', ' ')}) "
-                      f"took {suite['seconds'] / 60:.1f} minutes."]
+        ran = [n for n in suite["benchmarks"] if not suite["runs"][n]["status"].startswith("not run")]
+        lines += ["", f"The last `run_all.py` run ({suite['mode']} mode, {suite['date'][:16].replace('T', ' ')}; "
+                      f"{len(ran)} benchmark{'s' * (len(ran) != 1)}: {', '.join(ran)}) took "
+                      f"{suite['seconds'] / 60:.1f} minutes."]
     return "\n".join(lines)
 
 
@@ -106,7 +119,7 @@ def overhead_extra(result: dict[str, Any]) -> list[str]:
              "inflates Python calls, so these rank the hot spots rather than time them. Framework functions by "
              "own time:", "", "| function | calls/step | own µs/step | cumulative µs/step |", "|---|---:|---:|---:|"]
     for e in ours["top_framework"]:
-        lines.append(f"| `{e['function']}` | {e['calls_per_step']:g} | {e['own_us_per_step']:.1f} "
+        lines.append(f"| `{e['function']}` | {e['calls_per_step']:.3g} | {e['own_us_per_step']:.1f} "
                      f"| {e['cumulative_us_per_step']:.1f} |")
     return lines
 
@@ -199,7 +212,8 @@ def plot(title: str, result: dict[str, Any], path: Path) -> None:
         ax.set_xlabel(unit, fontsize=7)
         ax.tick_params(axis="x", labelsize=7)
         ax.margins(x=0.12)
-    axes[0, 0].set_title(f"{title} ({result['mode']}, {result['date'][:10]}); red tick = target", fontsize=8)
+    ticks = "; red tick = target" if any(f["target"] is not None for f in figs) else ""
+    axes[0, 0].set_title(f"{title} ({result['mode']}, {result['date'][:10]}){ticks}", fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80, metadata={"Software": None})
