@@ -17,19 +17,17 @@ cross-check, but on 2 shared cores its noise is larger than the cost. Target: <=
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from common import machine_info, steady_intervals, write_results
+from common import figure, paired, steady_intervals, write_result
 from ddp import TRAINER_FLAGS, BenchModule, Config, StepTimer
 
 from strategies.distributed import all_reduce_max_ints, find_free_port
@@ -83,6 +81,7 @@ def main() -> None:
     cfg = Config(samples=2_560, rounds=1, warmup_steps=5) if args.quick else Config(rounds=5)
     calls = 500 if args.quick else 5_000
 
+    started = time.perf_counter()
     micro = measure_micro(calls)
     micro_us = statistics.median(micro) * 1e6
     print(f"agreement all-reduce: {micro_us:.1f} us median over {calls} calls", flush=True)
@@ -94,26 +93,22 @@ def main() -> None:
             (on_rounds if every == 1 else off_rounds).append(med)
             print(f"round {rnd + 1}/{cfg.rounds} agree_every_n_steps={every}: {med * 1e3:.2f} ms/step", flush=True)
     step_ms = statistics.median(on_rounds) * 1e3
-    ratios = [on / off for on, off in zip(on_rounds, off_rounds, strict=True)]
     cost_pct = micro_us / 1e3 / step_ms * 100
-    figures = {
-        "agreement_us": {"median": round(micro_us, 2), "min": round(min(micro) * 1e6, 2),
-                         "max": round(max(micro) * 1e6, 2)},
-        "step_ms_with_agreement": round(step_ms, 3),
-        "step_ms_without": round(statistics.median(off_rounds) * 1e3, 3),
-        "ab_ratio": {"median": round(statistics.median(ratios), 4), "min": round(min(ratios), 4),
-                     "max": round(max(ratios), 4)},
-        "cost_pct": round(cost_pct, 3),
-    }
-    payload: dict[str, Any] = {
-        "benchmark": "agreement", "quick": args.quick, "target": {"cost_pct": f"<= {TARGET_PCT} %"},
-        "figures": figures, "machine": machine_info(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-    write_results(args.out, payload)
+    figures = [
+        figure("agreement_us", "one agreement (7-int MAX all-reduce, gloo, 2 ranks)", [t * 1e6 for t in micro], "µs"),
+        figure("step_without", "DDP step, agreement only at epoch ends", [t * 1e3 for t in off_rounds], "ms/step",
+               role="baseline"),
+        figure("step_with", "DDP step, agreement every step (default)", [t * 1e3 for t in on_rounds], "ms/step",
+               baseline="step_without", ratios=paired(on_rounds, off_rounds)),
+        figure("cost_pct", "agreement cost, % of the step (micro / step)", [cost_pct], "%", target=TARGET_PCT,
+               target_on="value"),
+    ]
+    write_result(args.out, "agreement", figures, mode="quick" if args.quick else "full",
+                 config={"calls": calls, "rounds": cfg.rounds, "samples": cfg.samples, "batch_size": cfg.batch_size},
+                 elapsed_s=time.perf_counter() - started)
     verdict = "met" if cost_pct <= TARGET_PCT else "missed"
     print(f"agreement: {micro_us:.1f} us per step = {cost_pct:.2f} % of a {step_ms:.2f} ms step (target <= "
-          f"{TARGET_PCT} %: {verdict}); A/B step-time ratio {statistics.median(ratios):.3f}", flush=True)
+          f"{TARGET_PCT} %: {verdict})", flush=True)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch.distributed.checkpoint as dcp
-
 from strategies.checkpoint_io import TMP_MARKER, atomic_save, safe_load
 from strategies.exceptions import CheckpointLoadError, CheckpointSaveError
 
@@ -49,6 +47,8 @@ def save_sharded(strategy: Any, checkpoint: dict[str, Any], path: str | Path) ->
     tmp = folder.with_name(f"{folder.name}{TMP_MARKER}{token}")
     payload = {"model": checkpoint["state_dict"],
                "optim": {str(i): state for i, state in enumerate(checkpoint["optimizer_states"])}}
+    import torch.distributed.checkpoint as dcp  # heavy (DTensor): imported on first use, not with `trainer`
+
     error = None
     try:
         dcp.save(payload, checkpoint_id=str(tmp))
@@ -109,4 +109,6 @@ def load_sharded(strategy: Any, path: str | Path) -> dict[str, Any]:
 
 def load_into(folder: Path, key: str, target: dict[str, Any]) -> None:
     """Fill `target` (a sharded state dict of the live model or optimizer) in place from the folder."""
+    import torch.distributed.checkpoint as dcp
+
     dcp.load({key: target} if key == "model" else {"optim": {key: target}}, checkpoint_id=str(folder))

@@ -10,25 +10,16 @@ loads on a single device, and a single-device or DDP checkpoint loads into any Z
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.optim import ZeroRedundancyOptimizer
-from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
 from strategies.base import NULL_CONTEXT, _StepRouter
@@ -37,7 +28,26 @@ from strategies.exceptions import ConfigError
 from strategies.precision import Precision
 from strategies.sharded_checkpoint import ShardedRef, load_into, load_sharded, save_sharded
 
-_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+@functools.cache
+def _dist() -> SimpleNamespace:
+    """torch's sharding and distributed-checkpoint API, imported on first use: importing it costs about a
+    second (DTensor, DCP), which `import trainer` must not pay (import time is a benchmark)."""
+    from torch.distributed.checkpoint import state_dict as dcp_state
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.distributed.tensor import DTensor
+
+    return SimpleNamespace(
+        StateDictOptions=dcp_state.StateDictOptions, get_model_state_dict=dcp_state.get_model_state_dict,
+        get_optimizer_state_dict=dcp_state.get_optimizer_state_dict,
+        set_model_state_dict=dcp_state.set_model_state_dict,
+        set_optimizer_state_dict=dcp_state.set_optimizer_state_dict, init_device_mesh=init_device_mesh,
+        FSDPModule=FSDPModule, MixedPrecisionPolicy=MixedPrecisionPolicy, fully_shard=fully_shard,
+        ZeroRedundancyOptimizer=ZeroRedundancyOptimizer, DTensor=DTensor,
+        FULL=dcp_state.StateDictOptions(full_state_dict=True, cpu_offload=True),
+    )
 _ROUTER_PREFIX = "module."  # the TrainModule sits at `module` inside the step router
 
 
@@ -118,26 +128,26 @@ class ZeroStrategy(DDPStrategy):
         policy = self._mixed_precision_policy()
         # An explicit mesh on this rank's device type: FSDP2's default mesh follows the default accelerator, so
         # CPU ranks on a machine that has CUDA would try cuda:<local_rank> (seen on an H100 host).
-        mesh = init_device_mesh(self.root_device.type, (self.world_size,))
+        mesh = _dist().init_device_mesh(self.root_device.type, (self.world_size,))
         for module in router.module.modules():
             if module is router.module:
                 continue
             owns = any(True for _ in module.parameters(recurse=False))
             if (self.shard_modules and isinstance(module, self.shard_modules)) or (not self.shard_modules and owns):
-                fully_shard(module, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
-        fully_shard(router, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+                _dist().fully_shard(module, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+        _dist().fully_shard(router, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
         return router
 
-    def _mixed_precision_policy(self) -> MixedPrecisionPolicy:
+    def _mixed_precision_policy(self) -> Any:
         """bf16-mixed: FSDP2 gathers parameters in bf16 and reduces gradients in fp32 (autocast still runs)."""
         if self.precision.name.endswith("-mixed") and self.precision.param_dtype is not None:
-            return MixedPrecisionPolicy(param_dtype=self.precision.param_dtype, reduce_dtype=torch.float32)
-        return MixedPrecisionPolicy()
+            return _dist().MixedPrecisionPolicy(param_dtype=self.precision.param_dtype, reduce_dtype=torch.float32)
+        return _dist().MixedPrecisionPolicy()
 
     def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
         if self.stage != 1:
             return optimizers  # built after fully_shard, so they already hold the sharded parameters
-        return [ZeroRedundancyOptimizer([dict(g) for g in opt.param_groups], optimizer_class=type(opt),
+        return [_dist().ZeroRedundancyOptimizer([dict(g) for g in opt.param_groups], optimizer_class=type(opt),
                                         **zero_optimizer_kwargs(opt)) for opt in optimizers]
 
     def no_backward_sync(self, enabled: bool) -> AbstractContextManager:
@@ -148,7 +158,7 @@ class ZeroStrategy(DDPStrategy):
     @contextmanager
     def _fsdp_no_sync(self) -> Iterator[None]:
         model = self._model
-        assert isinstance(model, FSDPModule)
+        assert isinstance(model, _dist().FSDPModule)
         model.set_requires_gradient_sync(False)
         try:
             yield
@@ -158,7 +168,7 @@ class ZeroStrategy(DDPStrategy):
     def clip_gradients(self, optimizer: Optimizer, *, max_norm: float | None = None,
                        max_value: float | None = None, norm_type: float = 2.0) -> torch.Tensor | None:
         norm = super().clip_gradients(optimizer, max_norm=max_norm, max_value=max_value, norm_type=norm_type)
-        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+        return norm.full_tensor() if isinstance(norm, _dist().DTensor) else norm
 
     # --- checkpoints (full states, standard layout) ------------------------------------------------
     def accumulated_gradients(self) -> dict[str, torch.Tensor] | None:
@@ -169,43 +179,46 @@ class ZeroStrategy(DDPStrategy):
         if self.stage == 1:
             return super().module_state_dict()
         if self.sharded_checkpoint:  # each rank keeps its own shards (DTensors); written by DCP
-            return {k.removeprefix(_ROUTER_PREFIX): v for k, v in get_model_state_dict(self.model).items()}
-        full = get_model_state_dict(self.model, options=_FULL)  # collective; with cpu_offload: rank 0 only
+            return {k.removeprefix(_ROUTER_PREFIX): v for k, v in _dist().get_model_state_dict(self.model).items()}
+        # collective; with cpu_offload only rank 0 gets the tensors
+        full = _dist().get_model_state_dict(self.model, options=_dist().FULL)
         return {k.removeprefix(_ROUTER_PREFIX): v for k, v in full.items()}
 
     def load_module_state_dict(self, state_dict: Any, strict: bool = True) -> None:
         if isinstance(state_dict, ShardedRef):
-            target = {k.removeprefix(_ROUTER_PREFIX): v for k, v in get_model_state_dict(self.model).items()}
+            target = {k.removeprefix(_ROUTER_PREFIX): v for k, v in _dist().get_model_state_dict(self.model).items()}
             load_into(state_dict.folder, "model", target)
-            set_model_state_dict(self.model, {_ROUTER_PREFIX + k: v for k, v in target.items()},
-                                 options=StateDictOptions(strict=strict))
+            _dist().set_model_state_dict(self.model, {_ROUTER_PREFIX + k: v for k, v in target.items()},
+                                 options=_dist().StateDictOptions(strict=strict))
             return None
         if self.stage == 1:
             return super().load_module_state_dict(state_dict, strict)
         prefixed = {_ROUTER_PREFIX + k: v for k, v in state_dict.items()}
-        set_model_state_dict(self.model, prefixed, options=StateDictOptions(full_state_dict=True, strict=strict))
+        _dist().set_model_state_dict(self.model, prefixed,
+                                     options=_dist().StateDictOptions(full_state_dict=True, strict=strict))
         return None
 
     def optimizer_state_dict(self, optimizer: Optimizer) -> dict[str, Any]:
-        if isinstance(optimizer, ZeroRedundancyOptimizer):
+        if isinstance(optimizer, _dist().ZeroRedundancyOptimizer):
             optimizer.consolidate_state_dict(to=0)  # collective; only rank 0 gets the full state
             return optimizer.state_dict() if self.is_global_zero else {}
         if self.stage == 1:
             return super().optimizer_state_dict(optimizer)
         if self.sharded_checkpoint:
-            return get_optimizer_state_dict(self.model, optimizer)
-        by_name = get_optimizer_state_dict(self.model, optimizer, options=_FULL)  # collective
+            return _dist().get_optimizer_state_dict(self.model, optimizer)
+        by_name = _dist().get_optimizer_state_dict(self.model, optimizer, options=_dist().FULL)  # collective
         return self._names_to_indices(optimizer, by_name) if by_name else {}  # with cpu_offload: rank 0 only
 
     def load_optimizer_state_dict(self, optimizer: Optimizer, state_dict: Any) -> None:
         if isinstance(state_dict, ShardedRef):
-            target = get_optimizer_state_dict(self.model, optimizer)
+            target = _dist().get_optimizer_state_dict(self.model, optimizer)
             load_into(state_dict.folder, state_dict.key, target)
-            set_optimizer_state_dict(self.model, optimizer, target)
+            _dist().set_optimizer_state_dict(self.model, optimizer, target)
             return
         if self.stage in (2, 3):
             by_name = self._indices_to_names(optimizer, state_dict)
-            set_optimizer_state_dict(self.model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
+            _dist().set_optimizer_state_dict(self.model, optimizer, by_name,
+                                             options=_dist().StateDictOptions(full_state_dict=True))
             return
         optimizer.load_state_dict(state_dict)
 

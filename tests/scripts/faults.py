@@ -107,9 +107,9 @@ class SaveFaults(Callback):
             self.fault.fired()
             raise RuntimeError(f"{INJECTED} in on_save_checkpoint on rank {trainer.global_rank}")
         if self.fault.here(trainer, "sigkill_in_sharded_save"):
-            from strategies import sharded_checkpoint
+            import torch.distributed.checkpoint as dcp
 
-            original, fault = sharded_checkpoint.dcp.save, self.fault
+            original, fault = dcp.save, self.fault
 
             def save_then_die(*args: Any, **kwargs: Any) -> Any:
                 result = original(*args, **kwargs)  # this rank's shard is on disk; the manifest is not
@@ -117,7 +117,7 @@ class SaveFaults(Callback):
                 os.kill(os.getpid(), signal.SIGKILL)
                 return result
 
-            sharded_checkpoint.dcp = _Patched(sharded_checkpoint.dcp, save=save_then_die)
+            dcp.save = save_then_die
         if self.fault.here(trainer, "save_enospc"):
             self.fault.fired()
 
@@ -125,16 +125,6 @@ class SaveFaults(Callback):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
             os.fsync = no_space  # the atomic writer's fsync of the temp file fails, as on a full disk
-
-
-class _Patched:
-    """A module stand-in with some attributes replaced (test-only fault injection)."""
-
-    def __init__(self, wrapped: Any, **replaced: Any) -> None:
-        self._wrapped, self._replaced = wrapped, replaced
-
-    def __getattr__(self, name: str) -> Any:
-        return self._replaced[name] if name in self._replaced else getattr(self._wrapped, name)
 
 
 class Dump(Callback):
