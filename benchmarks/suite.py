@@ -50,9 +50,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("overhead", "overhead.py", "Per-step overhead against a raw PyTorch loop",
               "≤ 1.03x raw without logging, ≤ 1.10x with `self.log` every step, ≤ 1.15x with log + progress bar",
               quick_args=("--quick", "--rounds", "1", "--samples", "3200")),
-    # Being written separately: agreement.py takes --quick and --out, and writes write_result(out, "agreement",
-    # ...) with a figure named "cost_pct" (percent of the step time; figure(..., target=1.0, target_on="value")).
-    Benchmark("agreement", "agreement.py", "Per-step agreement across ranks", "cost ≤ 1 % of the step time"),
+    Benchmark("agreement", "agreement.py", "Per-step agreement across ranks", "cost ≤ 1 % of the step time",
+              details="reliability.md"),
     Benchmark("checkpoint", "checkpoint.py", "Checkpoint save and load",
               "save ≤ 1.10x a durable `torch.save` + fsync",
               quick_args=("--quick", "--rounds", "2"), details="checkpointing.md#benchmark"),

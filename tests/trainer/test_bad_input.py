@@ -30,6 +30,7 @@ from trainer.exceptions import ConfigError, MisconfigurationError
         ({"val_check_interval": 1.5}, r"val_check_interval=1.5 is not valid"),
         ({"max_time": "ten minutes"}, r"max_time='ten minutes' is not valid: use 'DD:HH:MM:SS'"),
         ({"deterministic": "yes"}, r"deterministic='yes' is not valid"),
+        ({"agree_every_n_steps": 0}, r"agree_every_n_steps=0 is not valid: it must be an int >= 1"),
     ],
 )
 def test_bad_flags_raise_config_error_at_construction(kwargs: dict, match: str):
