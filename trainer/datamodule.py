@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.module import AttributeDict, DataHooks
+from trainer.data_hooks import AttributeDict, DataHooks
 
 
 class DataModule(DataHooks):
