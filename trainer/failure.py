@@ -63,4 +63,5 @@ def peer_failure(exc: BaseException, rank: int) -> DistributedDesyncError | None
 def report(exc: BaseException, rank: int) -> None:
     """Print the error with every line prefixed by the rank, so the root cause is found among many ranks."""
     lines = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip().splitlines()
-    print("\n".join(f"[rank {rank}] {line}" for line in lines), file=sys.stderr, flush=True)
+    sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in lines))  # one write: ranks do not interleave
+    sys.stderr.flush()

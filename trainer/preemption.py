@@ -62,9 +62,8 @@ def stop_and_exit(trainer: Trainer, signum: int) -> NoReturn:
     if trainer.checkpoint_callback is not None:
         trainer.checkpoint_callback.last_model_path = str(path)
     name = signal.Signals(signum).name
-    print(f"[rank {trainer.global_rank}] {name} received: stopped after global step {trainer.global_step} "
-          f"(epoch {trainer.current_epoch}) and saved {path}; resume with ckpt_path='last'.",
-          file=sys.stderr, flush=True)
+    _say(f"[rank {trainer.global_rank}] {name} received: stopped after global step {trainer.global_step} "
+         f"(epoch {trainer.current_epoch}) and saved {path}; resume with ckpt_path='last'.")
     if signum == getattr(signal, "SIGUSR1", None) and trainer.is_global_zero:
         requeue_slurm_job()
     raise SystemExit(128 + signum)
@@ -77,7 +76,13 @@ def requeue_slurm_job() -> None:
     try:
         result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as err:
-        print(f"[rank 0] could not run `scontrol requeue {job_id}`: {err}", file=sys.stderr, flush=True)
+        _say(f"[rank 0] could not run `scontrol requeue {job_id}`: {err}")
         return
     outcome = "requeued" if result.returncode == 0 else f"requeue failed ({result.stderr.strip()})"
-    print(f"[rank 0] SLURM job {job_id} {outcome}.", file=sys.stderr, flush=True)
+    _say(f"[rank 0] SLURM job {job_id} {outcome}.")
+
+
+def _say(message: str) -> None:
+    """One write per line, so that lines from several ranks sharing a terminal do not interleave."""
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()

@@ -168,8 +168,8 @@ def test_fi7_nan_loss_stops_every_rank_and_keeps_the_last_checkpoint(tmp_path: P
 def test_fi8_sigterm_saves_exits_143_and_resumes_exactly(tmp_path: Path, launcher: str, reference):
     out = tmp_path / "out"
     res = run(out, "--fault", "sigterm@1:2", "--ckpt-every", "100", "--resume", launcher=launcher, timeout=60)
-    stops = [line for line in res.output.splitlines() if "SIGTERM received: stopped after global step 3" in line]
-    assert len(stops) == 2, f"both ranks must stop after the same step:\n{res.output[-6000:]}"
+    stops = res.output.count("SIGTERM received: stopped after global step 3")
+    assert stops == 2, f"both ranks must stop after the same step:\n{res.output[-6000:]}"
     if launcher == "own":
         assert res.returncode == 143, res.output[-6000:]
     else:
