@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
 import re
@@ -86,6 +87,19 @@ def _cause(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}"
 
 
+def _load_weights_only(path: Path, map_location: str | torch.device | None) -> Any:
+    """torch.load(weights_only=True). A file holding DTensors needs torch.distributed.tensor imported first, which
+    `import trainer` skips (it costs about a second): import it then and load again, still weights-only."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "torch.distributed.tensor" not in str(err):
+            raise
+    importlib.import_module("torch.distributed.tensor")  # registers DTensor with the weights-only unpickler
+
+    return torch.load(path, map_location=map_location, weights_only=True)
+
+
 def safe_load(path: str | Path, map_location: str | torch.device | None = "cpu") -> dict[str, Any]:
     """Load a checkpoint with `weights_only=True`; every failure becomes a CheckpointLoadError."""
     path = Path(path)
@@ -98,7 +112,7 @@ def safe_load(path: str | Path, map_location: str | torch.device | None = "cpu")
     if path.stat().st_size == 0:
         raise CheckpointLoadError(f"checkpoint {path} is empty (0 bytes): it is truncated or was never written.")
     try:
-        data = torch.load(path, map_location=map_location, weights_only=True)
+        data = _load_weights_only(path, map_location)
     except pickle.UnpicklingError as err:
         found = re.search(r"GLOBAL (\S+)", str(err))
         if found:

@@ -187,3 +187,37 @@ def test_load_from_checkpoint_lists_missing_and_unexpected_keys(tmp_path: Path):
         Renamed.load_from_checkpoint(path)
     model = Renamed.load_from_checkpoint(path, strict=False)
     assert torch.equal(model.layer.weight, torch.load(path, weights_only=True)["state_dict"]["layer.weight"])
+
+
+_SAVE_DTENSOR = """
+import os, sys, torch, torch.distributed as dist
+from torch.distributed.tensor import Replicate, distribute_tensor, init_device_mesh
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
+dist.init_process_group("gloo", rank=0, world_size=1)
+mesh = init_device_mesh("cpu", (1,))
+torch.save({"w": distribute_tensor(torch.arange(4.0), mesh, [Replicate()])}, sys.argv[1])
+dist.destroy_process_group()
+"""
+_LOAD = """
+import sys
+import trainer  # noqa: F401  (does not import torch.distributed.tensor: import time is a benchmark)
+from strategies.checkpoint_io import safe_load
+assert "torch.distributed.tensor" not in sys.modules
+print(safe_load(sys.argv[1])["w"].to_local().tolist())
+"""
+
+
+@pytest.mark.timeout(120)
+def test_safe_load_reads_dtensors_in_a_process_that_never_imported_them(tmp_path: Path):
+    """A zero2/zero3 run can leave DTensors in a file; the weights-only loader needs their module imported."""
+    import subprocess
+    import sys
+
+    from strategies.distributed import find_free_port
+
+    path, env = tmp_path / "dtensor.pt", {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    subprocess.run([sys.executable, "-c", _SAVE_DTENSOR, str(path), str(find_free_port())], check=True, env=env,
+                   timeout=100)
+    out = subprocess.run([sys.executable, "-c", _LOAD, str(path)], check=True, env=env, timeout=100,
+                         capture_output=True, text=True)
+    assert out.stdout.strip() == "[0.0, 1.0, 2.0, 3.0]", out.stderr
