@@ -36,10 +36,11 @@ def _destroy_process_group() -> None:
 def _elastic_attempt_store(addr: str, port: int, world_size: int, timeout: timedelta | None) -> Any:
     """Under torchrun, the agent hosts the store; key it by restart attempt, or the workers of a restart
     (--max-restarts) can read the failed attempt's gloo addresses and dial dead ranks (seen on torch 2.14.1)."""
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or attempt == "0":
+        return None  # a first attempt joins as before (tcp://); only restarts need the attempt prefix
     store = dist.TCPStore(addr, port, world_size, is_master=False, timeout=timeout or timedelta(minutes=30))
-    return dist.PrefixStore(f"trainer/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    return dist.PrefixStore(f"trainer/attempt_{attempt}", store)
 
 
 def default_backend(device_type: str) -> str:
