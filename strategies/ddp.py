@@ -6,7 +6,6 @@ re-running the script ("ddp") or torch.multiprocessing spawn ("ddp_spawn").
 
 from __future__ import annotations
 
-import atexit
 import os
 from contextlib import AbstractContextManager
 from datetime import timedelta
@@ -23,14 +22,10 @@ from strategies.environment import ClusterEnvironment, detect_environment
 from strategies.exceptions import ConfigError
 from strategies.launchers import SpawnLauncher, SubprocessLauncher
 from strategies.precision import Precision
+from strategies.shutdown import shutdown_at_exit
 
 T = TypeVar("T")
 _BACKENDS = ("nccl", "gloo", "mpi")
-
-
-def _destroy_process_group() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def _elastic_attempt_store(addr: str, port: int, world_size: int, timeout: timedelta | None) -> Any:
@@ -172,8 +167,8 @@ class DDPStrategy(Strategy):
             dist.init_process_group(self.process_group_backend, rank=env.global_rank, world_size=env.world_size,
                                     **init, **kwargs)
             # Kept for later validate()/test() calls in the same script: re-creating it on the same
-            # port races with ranks still leaving the old one. Destroyed when the process exits.
-            atexit.register(_destroy_process_group)
+            # port races with ranks still leaving the old one. Torn down deliberately at exit (shutdown.py).
+            shutdown_at_exit()
         elif dist.get_world_size() != env.world_size:
             raise ConfigError(
                 f"a process group of {dist.get_world_size()} ranks is already running, but this run needs "

@@ -126,7 +126,8 @@ class SubprocessLauncher:
             if code != 0 and code != self._graceful_code:
                 failed.append((rank, code))
         if failed:
-            print(f"[trainer] local ranks exited with errors (rank, exit code): {failed}", file=sys.stderr, flush=True)
+            shown = "; ".join(f"local rank {rank} {_describe_exit(code)}" for rank, code in failed)
+            print(f"[trainer] {shown} (after rank 0 finished)", file=sys.stderr, flush=True)
             os._exit(1)
 
 
@@ -142,10 +143,15 @@ def _describe_exit(code: int) -> str:
 def _spawn_entry(local_rank: int, payload: bytes, env_vars: list[dict[str, str]], queue: Any) -> None:
     os.environ.update(env_vars[local_rank])
     fn, args = pickle.loads(payload)
-    result = fn(*args)
+    result = fn(*args)  # the run ends with a barrier: every rank is past its last collective here
     if local_rank == 0:
         # Plain pickle bytes: tensors travel by value, so nothing depends on this process staying alive.
         queue.put(pickle.dumps(result))
+    # This process only ever runs our function, and it succeeded: end it without interpreter finalization,
+    # which a gloo worker thread can turn into SIGABRT after a successful run (see strategies/shutdown.py).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class SpawnLauncher:

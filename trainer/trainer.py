@@ -333,6 +333,8 @@ class Trainer(TrainerProperties):
                 self.datamodule.teardown(stage)
             for logger in self.loggers:
                 logger.finalize("success" if self.state.status == TrainerStatus.FINISHED else "failed")
+            if self.state.status == TrainerStatus.FINISHED:
+                self.strategy.barrier("end of run")  # no rank moves on (or exits) while a peer is still in this run
         finally:
             self._signals.restore()
             self.strategy.teardown()

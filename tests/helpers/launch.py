@@ -88,12 +88,20 @@ def _group_members(pgids: set[int]) -> set[int]:
 
 
 def _describe(pid: int) -> str:
+    """pid, its rank variables (a launched rank has them) and its command line."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             command = f.read().replace(b"\0", b" ").decode(errors="replace")
-        return f"{pid}: {command[:200]}"
     except OSError:
         return f"{pid}: (gone)"
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+        rank = " ".join(f"{k}={env[k.encode()].decode()}" for k in ("RANK", "LOCAL_RANK", "NODE_RANK")
+                        if k.encode() in env)
+    except OSError:
+        rank = ""
+    return f"{pid}: [{rank or 'no rank variables'}] {command[:200]}"
 
 
 def _survivors(pids: list[int], pgids: set[int] | None = None, grace_s: float = 3.0) -> list[int]:
@@ -149,12 +157,16 @@ def launch(commands: list[tuple[list[str], dict[str, str]]], out: Path, timeout:
                                           stdin=subprocess.DEVNULL, start_new_session=True))
         deadline = start + timeout
         timed_out = False
+        hung_text: list[str] = []
         for proc in procs:
             try:
                 proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 timed_out = True
                 break
+        if timed_out:  # name what was still running (each rank's command line) before anything is killed
+            hung = _recorded_pids(out) + [p.pid for p in procs]
+            hung_text = [_describe(pid) for pid in sorted(set(hung)) if _alive(pid)]
         seconds, ended_at = time.monotonic() - start, time.time()
         # Before any clean-up kill: a rank that outlived its launcher (e.g. a child of our own launcher, which
         # stays in the launcher's process group, or a torchrun worker, which ran the script) is a bug.
@@ -172,13 +184,40 @@ def launch(commands: list[tuple[list[str], dict[str, str]]], out: Path, timeout:
         results.append(Finished(proc.returncode, log.read(), seconds, ended_at))
         log.close()
     if timed_out:
-        outputs = "\n".join(f"--- command {i} (rc {r.returncode}) ---\n{r.output[-4000:]}"
+        still = "\n".join(hung_text) or "(none left: they ended while the launch was being stopped)"
+        outputs = "\n".join(report(i, r, " (killed at the deadline)" if r.returncode != 0 else "")
                             for i, r in enumerate(results))
-        pytest.fail(f"launch did not finish within {timeout:.0f} s; processes killed.\n{outputs}")
+        pytest.fail(f"launch did not finish within {timeout:.0f} s; processes killed. Still running at the "
+                    f"deadline:\n{still}\n{outputs}")
     assert not survivors, f"processes still alive after the launch finished (now killed):\n{survivors_text}"
     return results
 
 
+ABORT_MARKERS = ("terminate called", "SIGABRT", "Signal 6", "core dumped")
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def report(index: int, res: Finished, note: str = "", lines: int = 40) -> str:
+    """One command's outcome for a failure message: how it ended, the abort line if any, its last lines (where
+    every rank's `[rank N]` lines and the launcher's report of a rank's exit show which rank it was)."""
+    aborts = [line for line in res.output.splitlines() if any(m in line for m in ABORT_MARKERS)]
+    abort = f"\n  abort: {aborts[0].strip()}" if aborts else ""
+    tail = "\n".join(res.output.splitlines()[-lines:])
+    return f"--- command {index}: {describe_exit(res.returncode)}{note}{abort}\n{tail}"
+
+
 def assert_ok(results: list[Finished]) -> None:
-    for i, res in enumerate(results):
-        assert res.returncode == 0, f"command {i} exited with {res.returncode}:\n{res.output[-6000:]}"
+    """Every command exited 0 and printed no abort line; otherwise show how each one ended."""
+    bad = [i for i, res in enumerate(results)
+           if res.returncode != 0 or any(m in res.output for m in ABORT_MARKERS)]
+    assert not bad, "\n".join(report(i, res) for i, res in enumerate(results))

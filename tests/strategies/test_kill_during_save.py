@@ -97,11 +97,16 @@ def test_sigkill_at_every_offset_class_keeps_a_valid_checkpoint(tmp_path: Path, 
 
 def test_fifty_randomized_kills(tmp_path: Path):
     size = len(_serialized(_state(2)))
-    rng = random.Random(int(os.environ.get("KILL_TRIAL_SEED", "0")) or None)
+    seed = int(os.environ.get("KILL_TRIAL_SEED", "0")) or random.randrange(1, 2**31)
+    print(f"KILL_TRIAL_SEED={seed} (set it to replay these trials)")  # shown by pytest when the test fails
+    rng = random.Random(seed)
     default = "500" if os.environ.get("RELIABILITY_FULL") == "1" else "50"  # full mode: docs/reliability.md
     trials = int(os.environ.get("KILL_TRIALS", default))
     for trial in range(trials):
         folder = tmp_path / f"trial{trial}"
         folder.mkdir()
         offset = rng.choice([rng.randrange(size), "before_rename", "after_rename"])
-        _kill_trial(folder, offset)
+        try:
+            _kill_trial(folder, offset)
+        except AssertionError as err:
+            raise AssertionError(f"trial {trial} (kill at {offset!r}, KILL_TRIAL_SEED={seed}): {err}") from err
