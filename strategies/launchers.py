@@ -143,15 +143,24 @@ def _describe_exit(code: int) -> str:
 def _spawn_entry(local_rank: int, payload: bytes, env_vars: list[dict[str, str]], queue: Any) -> None:
     os.environ.update(env_vars[local_rank])
     fn, args = pickle.loads(payload)
-    result = fn(*args)  # the run ends with a barrier: every rank is past its last collective here
+    try:
+        result = fn(*args)  # the run ends with a barrier: every rank is past its last collective here
+    except SystemExit as stop:
+        if stop.code in GRACEFUL_EXIT_CODES:  # stopped on a signal after saving, together with the others
+            _exit_now(int(stop.code))
+        raise
     if local_rank == 0:
         # Plain pickle bytes: tensors travel by value, so nothing depends on this process staying alive.
         queue.put(pickle.dumps(result))
-    # This process only ever runs our function, and it succeeded: end it without interpreter finalization,
-    # which a gloo worker thread can turn into SIGABRT after a successful run (see strategies/shutdown.py).
+    _exit_now(0)
+
+
+def _exit_now(code: int) -> None:
+    """End a spawned rank that finished in order without interpreter finalization, which a gloo worker thread can
+    turn into SIGABRT after a successful run (see strategies/shutdown.py). It only ever ran our function."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 class SpawnLauncher:
