@@ -9,8 +9,11 @@ a hang, or a rank that never reached the code after `fit()`.
 Modes: ddp (our launcher re-runs the script), ddp_spawn, torchrun (one node, 2 workers), torchrun_2node (two
 torchrun agents on localhost), manual_2node (MASTER_ADDR/MASTER_PORT/NODE_RANK, no launcher); and the baseline
 raw_spawn / raw_torchrun: a hand-written DDP script that leaves its process group to interpreter shutdown.
-`--parallel` runs that many launches at once (load, as on a busy CI machine). Exit code 1 when a product mode
-(not a raw one) had an abnormal run; every abnormal run's exit codes and last output lines are printed.
+`--parallel` runs that many launches at once (load, as on a busy CI machine). `--amplify` compiles
+tests/scripts/slow_gloo_worker.c (needs a C compiler) and preloads it into every rank: gloo worker threads then
+release finished work 50 ms late, which makes the exit race that a finished run must survive happen every time
+(the raw modes then abort in every run). Exit code 1 when a product mode (not a raw one) had an abnormal run;
+every abnormal run's exit codes and last output lines are printed.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,12 +35,32 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from strategies.distributed import find_free_port  # noqa: E402
-from tests.helpers.launch import ABORT_MARKERS, TORCHRUN, clean_env, launch, report  # noqa: E402
+from tests.helpers.launch import ABORT_MARKERS, TORCHRUN, launch, report  # noqa: E402
+from tests.helpers.launch import clean_env as launch_env  # noqa: E402
 
 FIT = str(ROOT / "tests" / "scripts" / "exit_fit.py")
 PRODUCT_MODES = ("ddp", "ddp_spawn", "torchrun", "torchrun_2node", "manual_2node")
 RAW_MODES = ("raw_spawn", "raw_torchrun")
 LAUNCH_TIMEOUT_S = 90.0
+
+
+AMPLIFIER = ROOT / "tests" / "scripts" / "slow_gloo_worker.c"
+EXTRA_ENV: dict[str, str] = {}  # set by --amplify: every launched process preloads the amplifier
+
+
+def build_amplifier(folder: Path) -> Path | None:
+    """Compile the slow-gloo-worker library; None when there is no C compiler."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    lib = folder / "libslowgloo.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(lib), str(AMPLIFIER), "-ldl", "-lpthread"],
+                   check=True, capture_output=True)
+    return lib
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    return launch_env(**extra, **EXTRA_ENV)
 
 
 def _commands(mode: str, out: Path) -> tuple[list[tuple[list[str], dict[str, str]]], int]:
@@ -106,6 +131,21 @@ def stress(modes: list[str], n: int, parallel: int, workdir: Path) -> list[RunOu
         return list(pool.map(lambda job: run_once(job[0], job[1], workdir), jobs))
 
 
+def run_stress(modes: list[str], n: int, parallel: int, amplify: bool = False) -> list[RunOutcome]:
+    """`n` launches of every mode in a temporary folder; with `amplify`, every rank preloads the amplifier."""
+    with tempfile.TemporaryDirectory(prefix="exit_stress-") as tmp:
+        EXTRA_ENV.clear()
+        if amplify:
+            lib = build_amplifier(Path(tmp))
+            if lib is None:
+                raise RuntimeError("the amplifier needs a C compiler (cc or gcc)")
+            EXTRA_ENV["LD_PRELOAD"] = str(lib)
+        try:
+            return stress(modes, n, parallel, Path(tmp))
+        finally:
+            EXTRA_ENV.clear()
+
+
 def summarize(outcomes: list[RunOutcome], modes: list[str]) -> dict[str, dict[str, int]]:
     table: dict[str, dict[str, int]] = {}
     for mode in modes:
@@ -123,13 +163,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=int(os.environ.get("STRESS_N", "2")), help="runs per mode")
     parser.add_argument("--parallel", type=int, default=2, help="launches at once")
     parser.add_argument("--json", help="write the counts and every abnormal run here")
+    parser.add_argument("--amplify", action="store_true", help="preload tests/scripts/slow_gloo_worker.c")
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     for mode in modes:
         _commands(mode, Path("/nonexistent"))  # an unknown mode fails before anything runs
+    if args.amplify and not (shutil.which("cc") or shutil.which("gcc")):
+        print("--amplify needs a C compiler (cc or gcc); none found")
+        return 2
     start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="exit_stress-") as tmp:
-        outcomes = stress(modes, args.n, args.parallel, Path(tmp))
+    outcomes = run_stress(modes, args.n, args.parallel, args.amplify)
     table = summarize(outcomes, modes)
     bad = [o for o in outcomes if o.problems]
     for o in bad:
@@ -138,9 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     for mode, row in table.items():
         print(f"{mode:<16}{row['runs']:>6}{row['abnormal']:>10}  ({row['exit code']} / {row['abort']} / "
               f"{row['survivor']} / {row['hang']} / {row['incomplete']})")
-    print(f"{len(outcomes)} launches, parallel {args.parallel}, {time.monotonic() - start:.0f} s")
+    amplified = ", amplified" if args.amplify else ""
+    print(f"{len(outcomes)} launches, parallel {args.parallel}{amplified}, {time.monotonic() - start:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps({"counts": table, "parallel": args.parallel, "n": args.n,
+                                               "amplified": args.amplify,
                                                "abnormal": [asdict(o) for o in bad]}, indent=2))
     return 1 if any(o.mode in PRODUCT_MODES for o in bad) else 0
 
