@@ -30,6 +30,7 @@ class FitSchedule:
         """Called once the train loader is known."""
         self.num_training_batches = num_training_batches
         self.has_validation = has_validation
+        self.should_stop = False  # a new fit() goes on after an earlier one was stopped (as in Lightning)
         interval = self.spec.val_check_interval
         if isinstance(interval, float):
             self._val_every = (
@@ -80,12 +81,18 @@ class FitSchedule:
             return True
         return self.should_stop and self._can_stop_early()
 
-    def fit_done(self) -> bool:
-        """Start no further epoch?"""
+    def limit_reached(self) -> str | None:
+        """The max_epochs / max_steps limit the loop counters already reached (`max_steps=10`), or None."""
         p, spec = self.progress, self.spec
         if spec.max_steps != -1 and p.global_step >= spec.max_steps:
-            return True
+            return f"`max_steps={spec.max_steps}`"
         if spec.max_epochs != -1 and p.current_epoch >= spec.max_epochs:
+            return f"`max_epochs={spec.max_epochs}`"
+        return None
+
+    def fit_done(self) -> bool:
+        """Start no further epoch?"""
+        if self.limit_reached() is not None:
             return True
         if self._time_up():
             return True
