@@ -199,8 +199,10 @@ def run_fit(trainer: Trainer) -> None:
     val_limits = trainer._loaders.val_limits
     if val_limits and trainer._schedule.sanity_steps(max(val_limits)):
         rng = capture_rng_state()
+        trainer._position.validation_started(rng)  # a checkpoint taken in it records the RNG from before it
         run_evaluation(trainer, RunningStage.SANITY_CHECKING)
         restore_rng_state(rng)
+        trainer._position.validation_finished()
     trainer._results = trainer._train_results
     call_hook(trainer, "on_train_start")
     while not trainer._schedule.fit_done():
