@@ -87,7 +87,8 @@ def _loop_state(trainer: Trainer) -> dict[str, Any]:
             )
             state["window_has_loss"] = state["step_pending"] = False
         else:
-            state["grads"] = grads
+            precision, opt = trainer.strategy.precision, trainer.optimizers[0] if trainer.optimizers else None
+            state["grads"] = precision.gradients_as_backward_left_them(opt, grads) if step_pending and opt else grads
     return state
 
 
@@ -170,6 +171,7 @@ def open_epoch(trainer: Trainer, loader: Any) -> tuple[Any, int]:
     if point.step_pending:  # saved between this window's last backward and its optimizer step
         from trainer.loops import close_window
 
+        trainer.strategy.precision.prepare_resumed_step(trainer.optimizers[0])
         close_window(trainer)
         position.set(Phase.BETWEEN_BATCHES)
     if point.batches_done == trainer.num_training_batches and data.runs_out(loader, point.batches_done):

@@ -141,3 +141,14 @@ def test_resume_matrix_under_ddp(tmp_path: Path, data: str):
     assert len(per_rank[0]) == 1 + len(DDP_HOOKS) + 3 + len(DDP_AFTER_FIT)
     failures = {(rank, cell): diff for rank, cells in enumerate(per_rank) for cell, diff in cells.items() if diff}
     assert failures == {}
+
+
+def test_checkpoints_around_the_optimizer_step_under_16_mixed(tmp_path: Path):
+    """With a GradScaler, a checkpoint taken in on_before_optimizer_step holds unscaled gradients as
+    backward left them (scaled), and the resumed step unscales them once: still bit-exact."""
+    hooks = [("on_after_backward", MID), ("on_before_optimizer_step", MID), ("on_after_backward", WINDOW)]
+    reference = state_of(*fit("dropout", tmp_path / "reference", precision="16-mixed"))
+    _, _, paths = record("dropout", tmp_path / "recording", hook_saves=hooks, model_checkpoints=(),
+                         precision="16-mixed")
+    assert {source: resume_and_compare("dropout", tmp_path / source, path, reference, precision="16-mixed")
+            for source, path in paths.items()} == dict.fromkeys(paths, [])
