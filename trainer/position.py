@@ -41,7 +41,7 @@ class Phase(Enum):
 def torch_rng() -> dict[str, Any]:
     """The torch RNG states a batch draws from (CPU, and CUDA once it is in use); cheap enough per batch."""
     state: dict[str, Any] = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():  # cheaper than is_available(), which asks the driver
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 

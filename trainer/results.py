@@ -5,7 +5,6 @@ turned into a Python number when a logger or the progress bar reads it.
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -122,7 +121,7 @@ class ResultCollection:
         self.key_suffix = ""
         self._batch: Any = None
         self._batch_size: int | None = None
-        self._before_batch: dict[str, _Entry | None] = {}  # entries as they were before this batch changed them
+        self._before_batch: dict[str, dict[str, Any] | None] = {}  # entry fields before this batch changed them
         self._lock = threading.Lock()  # DP runs steps in threads over shallow module replicas
 
     def __getstate__(self) -> dict[str, Any]:
@@ -164,7 +163,7 @@ class ResultCollection:
         with self._lock:
             entry = self.entries.get(key)
             if key not in self._before_batch:  # a checkpoint taken inside this batch rolls back to it
-                self._before_batch[key] = copy.copy(entry)
+                self._before_batch[key] = None if entry is None else dict(vars(entry))
             if entry is None:
                 entry = self.entries[key] = _Entry(key, step, epoch, prog_bar, logger, sync_dist, reduce_fx)
             entry.pending = True
@@ -265,14 +264,14 @@ class ResultCollection:
 
         torchmetrics objects keep their own state (on the module); only their bookkeeping is saved.
         """
-        entries = dict(self.entries)
+        fields = {key: vars(entry) for key, entry in self.entries.items()}
         if before_batch:
             for key, old in self._before_batch.items():
                 if old is None:
-                    entries.pop(key, None)
+                    fields.pop(key, None)
                 else:
-                    entries[key] = old
-        return {key: {f: getattr(e, f) for f in self._SAVED_FIELDS} for key, e in entries.items()}
+                    fields[key] = old
+        return {key: {f: values[f] for f in self._SAVED_FIELDS} for key, values in fields.items()}
 
     def load_state_dict(self, state: dict[str, dict[str, Any]]) -> None:
         self.entries = {key: _Entry(**fields) for key, fields in state.items()}

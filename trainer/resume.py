@@ -110,7 +110,7 @@ def plan_resume(trainer: Trainer, per_rank: list[dict[str, Any]], path: Any) -> 
     mid_epoch = progress.epoch_opened and not progress.epoch_finished
     rank, saved_world = trainer.global_rank, len(per_rank)
     if saved_world != trainer.world_size:
-        if mid_epoch:
+        if mid_epoch and trainer._schedule.limit_reached() is None:  # with nothing left to train, order is moot
             raise CheckpointLoadError(
                 f"{path} was saved mid-epoch by {saved_world} rank(s); this run has {trainer.world_size}. The data "
                 "order of an unfinished epoch depends on the world size: resume with the same number of processes, "

@@ -310,7 +310,7 @@ class Trainer(TrainerProperties):
             if cb.dirpath is not None:
                 remove_stale_temp_files(cb.dirpath)
         self._metrics.log_hyperparams(model, self.datamodule)
-        self._schedule.start(self._loaders.num_train, bool(self._loaders.val))
+        self._schedule.start(self._loaders.num_train, bool(self._loaders.val), self.world_size)
         self._metrics.watch(self._train_results)
         call_hook(self, "on_fit_start")
         self._signals.install()  # restored in _teardown

@@ -118,7 +118,7 @@ def test_a_checkpoint_one_batch_off_is_detected(recorded: Any, tmp_path: Path):
 DDP = {"devices": 2, "strategy": "ddp", "n_train": 64}  # 8 batches per rank per epoch, as on one device
 DDP_HOOKS = [("training_step", MID), ("on_before_optimizer_step", MID), ("on_after_backward", WINDOW),
              ("on_validation_end", AFTER_VAL), ("on_train_epoch_end", EPOCH_END)]
-DDP_AFTER_FIT = ("max_steps", "should_stop", "sigterm")
+DDP_AFTER_FIT = ("max_steps", "max_time", "should_stop", "sigterm")
 
 
 def _ddp_cells(rank: int, root: str, data: str) -> dict[str, list[str]]:
