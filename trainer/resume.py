@@ -81,7 +81,8 @@ def _loop_state(trainer: Trainer) -> dict[str, Any]:
         grads = trainer.strategy.accumulated_gradients()
         if grads is None:
             rank_zero_warn(
-                f"checkpoint taken inside a gradient-accumulation window with {type(trainer.strategy).__name__}, "
+                f"checkpoint taken inside a gradient-accumulation window (or before its optimizer step) with "
+                f"{type(trainer.strategy).__name__}, "
                 "which cannot read the partial gradient sum: a resume from it restarts that window's gradients "
                 "from zero (not bit-exact). Save at optimizer-step boundaries (e.g. every_n_train_steps)."
             )
