@@ -129,11 +129,11 @@ def _loaders(data: str, n_train: int) -> tuple[DataLoader, DataLoader]:
 
 
 def build(data: str, root: Path, seed: int = 0, callbacks: list[Callback] | None = None,
-          save_in_step: dict[int, Path] | None = None, n_train: int = 32,
+          save_in_step: dict[int, Path] | None = None, n_train: int = 32, model_cls: type[Net] = Net,
           **flags: Any) -> tuple[Net, Trainer, tuple[DataLoader, DataLoader]]:
     """A seeded model, its Trainer (FLAGS overridden by `flags`) and the loaders of configuration `data`."""
     seed_everything(seed)
-    model = Net(0.3 if data == "dropout" else 0.0, save_in_step)
+    model = model_cls(0.3 if data == "dropout" else 0.0, save_in_step)
     options = {**FLAGS, "default_root_dir": str(root), **flags}
     if any(isinstance(cb, ModelCheckpoint) for cb in callbacks or []):
         options["enable_checkpointing"] = True
@@ -142,7 +142,9 @@ def build(data: str, root: Path, seed: int = 0, callbacks: list[Callback] | None
 
 def fit(data: str, root: Path, seed: int = 0, ckpt: Path | None = None, callbacks: list[Callback] | None = None,
         save_in_step: dict[int, Path] | None = None, n_train: int = 32, **flags: Any) -> tuple[Net, Trainer]:
-    """One fit in this process (a rank under run_distributed); returns the model and trainer."""
+    """One fit in this process (a rank under run_distributed); returns the model and trainer.
+
+    `flags` are Trainer flags, and `model_cls` (a Net subclass) for another module."""
     model, trainer, loaders = build(data, root, seed, callbacks, save_in_step, n_train, **flags)
     trainer.fit(model, *loaders, ckpt_path=ckpt)
     return model, trainer

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 import torch._dynamo  # noqa: F401 (DDP imports it on first use: once here, not in every forked rank)
+from torch import nn
 
 from tests.helpers.dist import run_distributed
 from tests.helpers.resume_runs import (
@@ -27,6 +28,7 @@ from tests.helpers.resume_runs import (
     MID,
     MODEL_CHECKPOINTS,
     WINDOW,
+    Net,
     batches_done,
     differences,
     end_fit,
@@ -152,3 +154,37 @@ def test_checkpoints_around_the_optimizer_step_under_16_mixed(tmp_path: Path):
                          precision="16-mixed")
     assert {source: resume_and_compare("dropout", tmp_path / source, path, reference, precision="16-mixed")
             for source, path in paths.items()} == dict.fromkeys(paths, [])
+
+
+class ManualNet(Net):
+    """Manual optimization; saves from training_step before its backward (@k) or after its optimizer step (@-k)."""
+
+    def __init__(self, dropout: float = 0.0, save_in_step: dict[int, Path] | None = None) -> None:
+        super().__init__(dropout)
+        self.automatic_optimization = False
+        self.saves = save_in_step or {}
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        opt, k = self.optimizers(), self.trainer._progress.total_batches + 1
+        x, y = batch
+        loss = nn.functional.mse_loss(self.net(x), y)
+        self.log("train_loss", loss, on_step=True, on_epoch=True)
+        self.losses.append(loss.detach().clone())
+        if k in self.saves:
+            self.trainer.save_checkpoint(self.saves[k])
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+        if -k in self.saves:
+            self.trainer.save_checkpoint(self.saves[-k])
+
+
+def test_checkpoints_inside_a_manual_optimization_step(tmp_path: Path):
+    """Before the step's optimizer step the batch is trained again; after it, the run goes on after the batch."""
+    manual = {"model_cls": ManualNet, "accumulate_grad_batches": 1}
+    reference = state_of(*fit("dropout", tmp_path / "reference", **manual))
+    saves = {MID: tmp_path / "before_step.ckpt", -WINDOW: tmp_path / "after_step.ckpt"}
+    fit("dropout", tmp_path / "recording", save_in_step=saves, **manual)
+    assert [batches_done(path) for path in saves.values()] == [MID - 1, WINDOW]
+    assert {name: resume_and_compare("dropout", tmp_path / str(name), path, reference, **manual)
+            for name, path in saves.items()} == dict.fromkeys(saves, [])
