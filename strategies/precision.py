@@ -70,6 +70,14 @@ class Precision:
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         """Undo loss scaling before gradients are read (clipping); nothing to undo here."""
 
+    def gradients_as_backward_left_them(self, optimizer: Optimizer, grads: dict[str, Tensor]) -> dict[str, Tensor]:
+        """`grads` (read from `optimizer`'s parameters) as backward left them, for a checkpoint taken between
+        unscaling and the optimizer step: the resumed step unscales them again. Unchanged here."""
+        return grads
+
+    def prepare_resumed_step(self, optimizer: Optimizer) -> None:
+        """Make ready for an optimizer step on restored gradients, before any backward of this process."""
+
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None) -> bool:
         """Step the optimizer; return False when the step was skipped (so schedulers do not step)."""
         optimizer.step(closure) if closure is not None else optimizer.step()
@@ -139,6 +147,18 @@ class MixedPrecision(Precision):
             return
         self._scaler.unscale_(optimizer)
         self._unscaled.add(id(optimizer))
+
+    def gradients_as_backward_left_them(self, optimizer: Optimizer, grads: dict[str, Tensor]) -> dict[str, Tensor]:
+        if self._scaler is None or id(optimizer) not in self._unscaled:
+            return grads
+        scale = self._scaler.get_scale()  # a power of two: scaling back undoes unscale_ exactly
+        return {name: grad * scale for name, grad in grads.items()}
+
+    def prepare_resumed_step(self, optimizer: Optimizer) -> None:
+        # GradScaler creates its scale tensor (from the loaded state) in its first scale(); a step needs it.
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if self._scaler is not None and grads:
+            self._scaler.scale(torch.zeros((), device=grads[0].device))
 
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None) -> bool:
         """scaler.step + scaler.update; the step was skipped exactly when the update lowered the scale.

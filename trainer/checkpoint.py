@@ -12,7 +12,7 @@ import torch
 
 from strategies.checkpoint_io import safe_load
 from strategies.exceptions import CheckpointLoadError, CheckpointSaveError
-from trainer.resume import capture_loop_state, plan_resume
+from trainer.resume import checkpoint_position, plan_resume
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -47,19 +47,24 @@ def dump_checkpoint(trainer: Trainer) -> dict[str, Any]:
     """Build the checkpoint dict. Collective: call on every rank."""
     s = trainer.strategy
     module = s.module
-    per_rank = s.all_gather_object(capture_loop_state(trainer))
+    saved = checkpoint_position(trainer)  # where a resume continues (trainer/position.py)
+    per_rank = s.all_gather_object(saved.loop)
+    progress = saved.progress
+    callbacks = saved.callbacks
+    if callbacks is None:
+        callbacks = {cb.state_key: state for cb in trainer.callbacks if (state := cb.state_dict())}
     checkpoint: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "state_dict": s.module_state_dict(),
         "optimizer_states": [s.optimizer_state_dict(opt) for opt in trainer.optimizers],
         "lr_schedulers": [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs],
         "precision": s.precision.state_dict(),
-        "progress": trainer._progress.state_dict(),
-        "epoch": trainer.current_epoch,
-        "global_step": trainer.global_step,
+        "progress": progress,
+        "epoch": progress["current_epoch"],
+        "global_step": progress["global_step"],
         "hparams": dict(getattr(module, "hparams", {})),
-        "callbacks": {cb.state_key: state for cb in trainer.callbacks if (state := cb.state_dict())},
-        "metrics": trainer._metrics.state_dict(),
+        "callbacks": callbacks,
+        "metrics": saved.metrics if saved.metrics is not None else trainer._metrics.state_dict(),
         "rng": [state.pop("rng") for state in per_rank],
         "loops": per_rank,
         "world_size": s.world_size,
@@ -136,6 +141,7 @@ def restore_training_state(trainer: Trainer, checkpoint: Mapping[str, Any], path
     trainer._metrics.load_state_dict(checkpoint.get("metrics", {}))
     progress = trainer._progress
     progress.load_state_dict(checkpoint.get("progress", {}))
+    trainer._position.reset()
     rng, loops = checkpoint.get("rng", []), checkpoint.get("loops", [])
     per_rank = [{**loop, "rng": state} for loop, state in zip(loops, rng, strict=True)] if loops else [
         {"rng": state} for state in rng]
@@ -143,7 +149,7 @@ def restore_training_state(trainer: Trainer, checkpoint: Mapping[str, Any], path
     if progress.epoch_finished:  # saved in on_train_epoch_end: finish that epoch's bookkeeping
         trainer._scheduler_stepper.step("epoch", progress.current_epoch + 1, trainer.callback_metrics)
         progress.current_epoch += 1
-        progress.epoch_finished, progress.epoch_batches = False, 0
+        progress.epoch_finished, progress.epoch_batches, progress.epoch_opened = False, 0, False
     states = checkpoint.get("callbacks", {})
     for cb in trainer.callbacks:
         if cb.state_key in states:

@@ -1,8 +1,8 @@
 """The control plane: one small all-reduce at step boundaries, so that every rank takes the same branch.
 
-Why: a rank that decides alone (to stop, to skip a step, that its data ran out, that its loss is NaN,
-which metrics to sync) leaves the others waiting in a collective it never joins, until the process
-group times out 10-30 minutes later. Here each rank contributes its flags and all ranks act on the
+Why: a rank that decides alone (to stop, that max_time is up, to skip a step, that its data ran out,
+that its loss is NaN, which metrics to sync) leaves the others waiting in a collective it never joins,
+until the process group times out 10-30 minutes later. Here each rank contributes its flags and all ranks act on the
 reduced result. Flags are encoded as `rank + 1` (0 = not set) and reduced with MAX, so the result also
 names a rank that set each one; a key-set hash travels as (h, -h) so MAX yields both max and -min.
 
@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 # Slots of the step agreement vector.
-_STOP, _SKIP, _NONFINITE, _LAST, _MORE, _KEYS, _NEG_KEYS = range(7)
-_SIZE = 7
+_STOP, _SKIP, _NONFINITE, _LAST, _MORE, _KEYS, _NEG_KEYS, _TIME_UP = range(8)
+_SIZE = 8
 
 
 class NonFiniteLossError(TrainerError, FloatingPointError):
@@ -85,7 +85,11 @@ class ControlPlane:
         pending = results.pending_sync_keys()
         flags[_KEYS] = h = keys_hash(pending)
         flags[_NEG_KEYS] = -h
+        schedule = trainer._schedule
+        if schedule.time_up_here():
+            flags[_TIME_UP] = me
         agreed = self._strategy.agree(flags)
+        schedule.time_up_agreed = schedule.time_up_agreed or bool(agreed[_TIME_UP])  # max_time: on every rank at once
         if agreed[_KEYS] != -agreed[_NEG_KEYS]:
             self._raise_key_mismatch(pending, "training_step")
         if agreed[_NONFINITE]:

@@ -72,6 +72,20 @@ def set_epoch(loader: Iterable, epoch: int) -> None:
             fn(epoch)
 
 
+def runs_out(loader: Iterable, batches: int | float) -> bool:
+    """Whether reading `batches` batches reads all of `loader`, so that a `for` loop over it would go on to its end."""
+    return batches != math.inf and loader_length(loader) == batches
+
+
+def run_out(iterator: Iterator[Any]) -> None:
+    """Ask an epoch's iterator for the batch after its last, as the `for` loop of a plain script does.
+
+    Samplers finish their epoch there: RandomSampler with a generator draws one more permutation
+    from it before stopping, so the next epoch starts from the generator state a plain loop has.
+    """
+    next(iterator, None)
+
+
 def iterate(loader: Iterable, max_batches: int | float, start: int = 0) -> Iterator[tuple[int, Any, bool]]:
     """Yield (batch_idx, batch, is_last) for batches `start` .. `max_batches - 1` of `loader`.
 

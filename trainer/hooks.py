@@ -56,6 +56,8 @@ Notes on the pseudocode:
 - `validate`/`test` run the validation block above with their own stage names
   (on_test_start, on_test_epoch_start, ...), between setup and teardown.
 - On an exception, callbacks get `on_exception(trainer, module, exc)` before teardown.
+- A fit() on a Trainer that already reached max_epochs/max_steps runs only setup, configure_optimizers,
+  on_fit_start, on_fit_end and teardown (as in Lightning).
 """
 
 from __future__ import annotations

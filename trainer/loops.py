@@ -10,9 +10,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from strategies.distributed import rank_zero_info
 from strategies.exceptions import MisconfigurationError
 from trainer import data, preemption, resume
 from trainer.hooks import call_hook
+from trainer.position import Phase
+from trainer.sampling import resumable_sampler
+from trainer.seed import capture_rng_state, restore_rng_state
 from trainer.state import RunningStage, TrainerFn
 
 if TYPE_CHECKING:
@@ -60,7 +64,7 @@ def _detached(out: Any, loss: Tensor | None) -> Any:
 
 def train_one_batch(trainer: Trainer, batch: Any, batch_idx: int, is_last: bool) -> Any:
     """Automatic optimization: forward, backward, and (at the end of an accumulation window) step."""
-    s, opt, accumulate = trainer.strategy, trainer.optimizers[0], trainer._spec.accumulate_grad_batches
+    s, accumulate = trainer.strategy, trainer._spec.accumulate_grad_batches
     is_last_micro = is_last or (batch_idx + 1) % accumulate == 0
     with s.no_backward_sync(not is_last_micro):  # wraps forward and backward
         out = trainer._run_step("training_step", batch, batch_idx)
@@ -70,19 +74,28 @@ def train_one_batch(trainer: Trainer, batch: Any, batch_idx: int, is_last: bool)
         if not skip and loss is not None:
             call_hook(trainer, "on_before_backward", loss)
             s.backward(loss / accumulate if accumulate > 1 else loss)
-            call_hook(trainer, "on_after_backward")
             trainer._window_has_loss = True
+            trainer._position.set(Phase.STEP_PENDING if is_last_micro else Phase.BACKWARD_DONE)
+            call_hook(trainer, "on_after_backward")
     if is_last_micro and trainer._window_has_loss:
-        s.unscale_gradients(opt)  # hooks see true gradients under 16-mixed, as in Lightning
-        call_hook(trainer, "on_before_optimizer_step", opt)
-        trainer._clip_gradients(opt)
-        if s.optimizer_step(opt) and trainer._scheduler_stepper.has_step_schedulers:
-            trainer._scheduler_stepper.step("step", trainer._progress.global_step + 1, trainer.callback_metrics)
-        call_hook(trainer, "on_before_zero_grad", opt)
-        opt.zero_grad(set_to_none=True)
-        trainer._progress.global_step += 1
-        trainer._window_has_loss = False
+        close_window(trainer)
     return _detached(out, loss)
+
+
+def close_window(trainer: Trainer) -> None:
+    """The end of an accumulation window: clip, optimizer step, step-interval schedulers, zero_grad."""
+    s, opt, position = trainer.strategy, trainer.optimizers[0], trainer._position
+    position.set(Phase.STEP_PENDING)
+    s.unscale_gradients(opt)  # hooks see true gradients under 16-mixed, as in Lightning
+    call_hook(trainer, "on_before_optimizer_step", opt)
+    trainer._clip_gradients(opt)
+    if s.optimizer_step(opt) and trainer._scheduler_stepper.has_step_schedulers:
+        trainer._scheduler_stepper.step("step", trainer._progress.global_step + 1, trainer.callback_metrics)
+    position.set(Phase.STEPPED)
+    call_hook(trainer, "on_before_zero_grad", opt)
+    opt.zero_grad(set_to_none=True)
+    trainer._progress.global_step += 1
+    trainer._window_has_loss = False
 
 
 def train_one_batch_manual(trainer: Trainer, batch: Any, batch_idx: int, is_last: bool) -> Any:
@@ -97,7 +110,7 @@ def train_one_batch_manual(trainer: Trainer, batch: Any, batch_idx: int, is_last
 def run_train_epoch(trainer: Trainer) -> None:
     """One training epoch, with validation wherever it is due."""
     s, progress, results, schedule = trainer.strategy, trainer._progress, trainer._train_results, trainer._schedule
-    metrics = trainer._metrics
+    metrics, position = trainer._metrics, trainer._position
     loader = trainer._loaders.train
     resume.before_epoch(trainer)
     data.set_epoch(loader, progress.current_epoch)
@@ -112,7 +125,10 @@ def run_train_epoch(trainer: Trainer) -> None:
     control.check_batch_counts(trainer.num_training_batches)
     if start and not progress.val_started and schedule.val_due(start - 1, start == trainer.num_training_batches):
         _validate_during_fit(trainer)  # the save came before the validation due after that batch
+    runs_out, sampler, stopped = data.runs_out(loader, trainer.num_training_batches), resumable_sampler(loader), False
+    position.before_fetch(sampler)
     for batch_idx, batch, is_last in data.iterate(iterator, trainer.num_training_batches, start):
+        position.set(Phase.BATCH_STARTED)
         progress.val_started = False
         batch = s.batch_to_device(batch)
         results.set_batch(batch)
@@ -121,43 +137,72 @@ def run_train_epoch(trainer: Trainer) -> None:
         outputs = step_fn(trainer, batch, batch_idx, is_last)
         progress.epoch_batches += 1
         progress.total_batches += 1
+        position.set(Phase.BETWEEN_BATCHES)
         call_hook(trainer, "on_train_batch_end", outputs, batch, batch_idx)
         if metrics.loggers:
             metrics.step_end(results, progress.total_batches, progress.global_step, progress.current_epoch)
         if control.stop_signal:  # agreed by every rank after this same batch
             preemption.stop_and_exit(trainer, control.stop_signal)
+        if is_last and runs_out:
+            data.run_out(iterator)  # as a plain `for` loop over the loader does
         if schedule.val_due(batch_idx, is_last):
             _validate_during_fit(trainer)
         if schedule.stop_in_epoch():
+            stopped = not is_last
             break
+        position.before_fetch(sampler)
+    if stopped:  # the fit ends inside this epoch: checkpoints from here on continue it (trainer/position.py)
+        resume.freeze_at_stop(trainer)
     progress.epoch_finished = True
-    _train_epoch_end(trainer)
+    _train_epoch_end(trainer, complete=not stopped)
 
 
 def _validate_during_fit(trainer: Trainer) -> None:
     trainer._progress.val_started = True
+    trainer._position.validation_started(capture_rng_state())
     run_evaluation(trainer, RunningStage.VALIDATING)
+    trainer._position.validation_finished()
     trainer._results = trainer._train_results
     trainer.state.stage = RunningStage.TRAINING
 
 
-def _train_epoch_end(trainer: Trainer) -> None:
-    """Epoch metrics (readable in on_train_epoch_end), the hook, late metrics, epoch schedulers."""
+def _train_epoch_end(trainer: Trainer, complete: bool) -> None:
+    """Epoch metrics (readable in on_train_epoch_end), the hook, late metrics, epoch schedulers.
+
+    Epoch-interval schedulers step only after a complete epoch (as in Lightning): not when the fit
+    stops inside it, so that a resume continuing that epoch steps them once, at its real end.
+    """
     results, p, metrics = trainer._train_results, trainer._progress, trainer._metrics
     trainer._results = results
     metrics.epoch_end(results.epoch_end("training epoch end"), p.global_step, p.current_epoch)
     call_hook(trainer, "on_train_epoch_end")
     metrics.epoch_end(results.epoch_end("on_train_epoch_end"), p.global_step, p.current_epoch)
-    trainer._scheduler_stepper.step("epoch", p.current_epoch + 1, trainer.callback_metrics)
+    if complete:
+        trainer._scheduler_stepper.step("epoch", p.current_epoch + 1, trainer.callback_metrics)
     p.current_epoch += 1
-    p.epoch_finished, p.epoch_batches = False, 0
+    p.epoch_finished, p.epoch_batches, p.epoch_opened = False, 0, False
 
 
 def run_fit(trainer: Trainer) -> None:
-    """Sanity check, then epochs until a limit (max_epochs, max_steps, max_time, should_stop) is hit."""
+    """Sanity check, then epochs until a limit (max_epochs, max_steps, max_time, should_stop) is hit.
+
+    A Trainer that already reached its limit trains nothing (as in Lightning) and says so. The
+    sanity check leaves every RNG as it found it, so it does not shift the run's random draws.
+    """
+    reached = trainer._schedule.limit_reached()
+    if reached is not None:
+        rank_zero_info(
+            f"`Trainer.fit` stopped: {reached} reached; this Trainer has nothing left to train. To train further, "
+            "create a Trainer with a higher limit and call fit(model, ckpt_path=<a checkpoint of this run>)."
+        )
+        return
     val_limits = trainer._loaders.val_limits
     if val_limits and trainer._schedule.sanity_steps(max(val_limits)):
+        rng = capture_rng_state()
+        trainer._position.validation_started(rng)  # a checkpoint taken in it records the RNG from before it
         run_evaluation(trainer, RunningStage.SANITY_CHECKING)
+        restore_rng_state(rng)
+        trainer._position.validation_finished()
     trainer._results = trainer._train_results
     call_hook(trainer, "on_train_start")
     while not trainer._schedule.fit_done():
@@ -196,6 +241,8 @@ def run_evaluation(trainer: Trainer, stage: RunningStage) -> list[dict[str, floa
                 call_hook(trainer, f"on_{prefix}_batch_end", out, batch, batch_idx, *extra)
     results.key_suffix = ""
     metrics = _eval_epoch_end(trainer, results, stage, prefix)
+    if stage == RunningStage.VALIDATING:
+        trainer._position.validation_finished()  # a checkpoint from on_validation_end on counts it as done
     call_hook(trainer, f"on_{prefix}_end")
     if stage == RunningStage.SANITY_CHECKING:
         call_hook(trainer, "on_sanity_check_end")

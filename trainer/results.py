@@ -121,6 +121,7 @@ class ResultCollection:
         self.key_suffix = ""
         self._batch: Any = None
         self._batch_size: int | None = None
+        self._before_batch: dict[str, dict[str, Any] | None] = {}  # entry fields before this batch changed them
         self._lock = threading.Lock()  # DP runs steps in threads over shallow module replicas
 
     def __getstate__(self) -> dict[str, Any]:
@@ -134,6 +135,7 @@ class ResultCollection:
 
     def set_batch(self, batch: Any) -> None:
         self._batch, self._batch_size = batch, None
+        self._before_batch = {}
 
     def log(
         self, name: str, value: Any, on_step: bool | None, on_epoch: bool | None, prog_bar: bool, logger: bool,
@@ -160,6 +162,8 @@ class ResultCollection:
         key = name + self.key_suffix
         with self._lock:
             entry = self.entries.get(key)
+            if key not in self._before_batch:  # a checkpoint taken inside this batch rolls back to it
+                self._before_batch[key] = None if entry is None else dict(vars(entry))
             if entry is None:
                 entry = self.entries[key] = _Entry(key, step, epoch, prog_bar, logger, sync_dist, reduce_fx)
             entry.pending = True
@@ -254,12 +258,20 @@ class ResultCollection:
     _SAVED_FIELDS = ("name", "on_step", "on_epoch", "prog_bar", "logger", "sync_dist", "reduce_fx", "step_value",
                      "total", "weight", "pending", "alias_step")
 
-    def state_dict(self) -> dict[str, dict[str, Any]]:
-        """The epoch accumulators, so a mid-epoch resume ends the epoch with the same values.
+    def state_dict(self, before_batch: bool = False) -> dict[str, dict[str, Any]]:
+        """The epoch accumulators, so a mid-epoch resume ends the epoch with the same values; with
+        `before_batch`, as they were before the current batch logged anything (it will be trained again).
 
         torchmetrics objects keep their own state (on the module); only their bookkeeping is saved.
         """
-        return {key: {f: getattr(e, f) for f in self._SAVED_FIELDS} for key, e in self.entries.items()}
+        fields = {key: vars(entry) for key, entry in self.entries.items()}
+        if before_batch:
+            for key, old in self._before_batch.items():
+                if old is None:
+                    fields.pop(key, None)
+                else:
+                    fields[key] = old
+        return {key: {f: values[f] for f in self._SAVED_FIELDS} for key, values in fields.items()}
 
     def load_state_dict(self, state: dict[str, dict[str, Any]]) -> None:
         self.entries = {key: _Entry(**fields) for key, fields in state.items()}

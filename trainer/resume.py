@@ -3,12 +3,14 @@ how the next training epoch picks up from exactly there.
 
 The order of a resumed epoch is replayed through the sampler (the consumed indices are skipped;
 no batch is loaded and discarded). RNG is restored in the same order the uninterrupted run used
-it: the epoch-start torch RNG before the loader's iterator is created (so worker seeds match),
-then this rank's RNG at the moment of the save, after any fast-forward.
+it: the epoch-start torch RNG and loader generators before the loader's iterator is created (so
+the permutation and worker seeds match), then this rank's RNG at the saved position, after any
+fast-forward. Which position a checkpoint records is decided in trainer.position.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +19,8 @@ from torch import Tensor
 
 from strategies.distributed import rank_zero_warn
 from strategies.exceptions import CheckpointLoadError
+from trainer import data
+from trainer.position import Phase, rng_after, saved_progress, window_after
 from trainer.sampling import resumable_sampler
 from trainer.seed import capture_rng_state, restore_rng_state
 
@@ -33,41 +37,81 @@ class ResumePoint:
     batches_done: int = 0
     epoch_start_rng: Tensor | None = None
     sampler_state: dict[str, Any] | None = None
+    generators: list[Tensor] | None = None  # loader generator states at the save (epoch-boundary resume)
     grads: dict[str, Tensor] | None = None
     window_has_loss: bool = False
+    step_pending: bool = False
 
 
-def capture_loop_state(trainer: Trainer) -> dict[str, Any]:
-    """This rank's part of the checkpoint: RNG now, RNG at epoch start, sampler order, open gradients."""
+@dataclass
+class SavedPosition:
+    """The parts of a checkpoint that describe the loop position; metrics and callbacks only when frozen."""
+
+    progress: dict[str, Any]
+    loop: dict[str, Any]  # this rank's part (gathered from every rank by the checkpoint)
+    metrics: dict[str, Any] | None = None
+    callbacks: dict[str, Any] | None = None
+
+
+def checkpoint_position(trainer: Trainer) -> SavedPosition:
+    """What a checkpoint taken now records: the live position, or the one frozen when an epoch was left early."""
+    stopped = trainer._position.stopped
+    if stopped is not None:
+        return SavedPosition(stopped["progress"], dict(stopped["loop"]), stopped["metrics"], stopped["callbacks"])
+    return SavedPosition(saved_progress(trainer._position, trainer._progress.state_dict()), _loop_state(trainer))
+
+
+def _loop_state(trainer: Trainer) -> dict[str, Any]:
+    """This rank's part: RNG, epoch start, data order, open gradients, epoch accumulators."""
+    position = trainer._position
+    rolled_back = position.phase is Phase.BATCH_STARTED
     sampler = resumable_sampler(trainer._loaders.train)
+    sampler_state = sampler.epoch_state if sampler is not None else {}
+    window_has_loss, step_pending = window_after(position, trainer._window_has_loss)
     state: dict[str, Any] = {
-        "rng": capture_rng_state(),
-        "epoch_start_rng": trainer._epoch_start_rng,
-        "sampler": dict(sampler.epoch_state) if sampler is not None else {},
-        "window_has_loss": trainer._window_has_loss,
-        "results": trainer._train_results.state_dict(),
+        "rng": rng_after(position, capture_rng_state()),
+        "epoch_start_rng": position.epoch_start_rng,
+        "sampler": dict(position.batch_start.get("sampler", sampler_state) if rolled_back else sampler_state),
+        "generators": sampler.generator_states() if sampler is not None else [],
+        "window_has_loss": window_has_loss,
+        "step_pending": step_pending,
+        "results": trainer._train_results.state_dict(before_batch=rolled_back),
     }
-    if trainer._window_has_loss:  # inside a gradient-accumulation window: the partial sum is state too
+    if window_has_loss:  # inside a gradient-accumulation window: the partial sum is state too
         grads = trainer.strategy.accumulated_gradients()
         if grads is None:
             rank_zero_warn(
-                f"checkpoint taken inside a gradient-accumulation window with {type(trainer.strategy).__name__}, "
+                f"checkpoint taken inside a gradient-accumulation window (or before its optimizer step) with "
+                f"{type(trainer.strategy).__name__}, "
                 "which cannot read the partial gradient sum: a resume from it restarts that window's gradients "
                 "from zero (not bit-exact). Save at optimizer-step boundaries (e.g. every_n_train_steps)."
             )
-            state["window_has_loss"] = False
+            state["window_has_loss"] = state["step_pending"] = False
         else:
-            state["grads"] = grads
+            precision, opt = trainer.strategy.precision, trainer.optimizers[0] if trainer.optimizers else None
+            state["grads"] = precision.gradients_as_backward_left_them(opt, grads) if step_pending and opt else grads
     return state
+
+
+def freeze_at_stop(trainer: Trainer) -> None:
+    """The loop leaves an epoch before its end because the fit stops: until training goes on, checkpoints
+    record this position, not the epoch end that follows (a resume continues the epoch here)."""
+    saved = checkpoint_position(trainer)
+    trainer._position.stopped = copy.deepcopy({
+        "progress": saved.progress,
+        "loop": saved.loop,
+        "metrics": trainer._metrics.state_dict(),
+        "callbacks": {cb.state_key: state for cb in trainer.callbacks if (state := cb.state_dict())},
+    })
 
 
 def plan_resume(trainer: Trainer, per_rank: list[dict[str, Any]], path: Any) -> ResumePoint:
     """Pick this rank's loop state from a checkpoint and check it fits this run's topology."""
     progress = trainer._progress
-    mid_epoch = not progress.epoch_finished and progress.epoch_batches > 0
+    mid_epoch = progress.epoch_opened and not progress.epoch_finished
     rank, saved_world = trainer.global_rank, len(per_rank)
     if saved_world != trainer.world_size:
-        if mid_epoch:
+        if mid_epoch and trainer._schedule.limit_reached() is None:  # with nothing left to train, order is moot
             raise CheckpointLoadError(
                 f"{path} was saved mid-epoch by {saved_world} rank(s); this run has {trainer.world_size}. The data "
                 "order of an unfinished epoch depends on the world size: resume with the same number of processes, "
@@ -83,16 +127,21 @@ def plan_resume(trainer: Trainer, per_rank: list[dict[str, Any]], path: Any) -> 
         sampler.keep_run_seed(mine.get("sampler") or {})
     return ResumePoint(rng=mine.get("rng"), mid_epoch=mid_epoch, batches_done=progress.epoch_batches,
                        epoch_start_rng=mine.get("epoch_start_rng"), sampler_state=mine.get("sampler") or {},
-                       grads=mine.get("grads"), window_has_loss=bool(mine.get("window_has_loss")))
+                       generators=mine.get("generators"), grads=mine.get("grads"),
+                       window_has_loss=bool(mine.get("window_has_loss")), step_pending=bool(mine.get("step_pending")))
 
 
 def before_epoch(trainer: Trainer) -> None:
-    """At an epoch boundary resume, restore RNG before anything of the new epoch runs."""
+    """At an epoch-boundary resume, restore RNG and loader generators before anything of the new epoch runs."""
+    trainer._position.reset()  # training goes on: a position frozen at a stop no longer holds
     point = trainer._resume_point
     if point is not None and not point.mid_epoch:
         trainer._resume_point = None
         if point.rng is not None:
             restore_rng_state(point.rng)
+        sampler = resumable_sampler(trainer._loaders.train)
+        if sampler is not None and point.generators:
+            sampler.set_generator_states(point.generators)
 
 
 def open_epoch(trainer: Trainer, loader: Any) -> tuple[Any, int]:
@@ -100,27 +149,19 @@ def open_epoch(trainer: Trainer, loader: Any) -> tuple[Any, int]:
 
     Returns (iterator, index of the first batch it yields).
     """
-    point = trainer._resume_point
+    position, point = trainer._position, trainer._resume_point
+    sampler = resumable_sampler(loader)
+    trainer._progress.epoch_opened = True
     if point is None or not point.mid_epoch:
-        trainer._epoch_start_rng = torch.get_rng_state()
+        position.epoch_start_rng = torch.get_rng_state()
+        if sampler is not None:
+            sampler.begin_epoch()
         return iter(loader), 0
     trainer._resume_point = None
     if point.epoch_start_rng is not None:
         torch.set_rng_state(point.epoch_start_rng)
-    trainer._epoch_start_rng = torch.get_rng_state()
-    sampler = resumable_sampler(loader)
-    batch_size = getattr(loader, "batch_size", None)
-    if sampler is not None and batch_size:
-        sampler.replay(point.sampler_state or {}, skip=point.batches_done * batch_size)
-        iterator = iter(loader)
-    else:
-        rank_zero_warn(
-            f"this training loader cannot replay its order through the sampler ({type(loader).__name__}); "
-            f"skipping {point.batches_done} batches by reading them. Resume may not be bit-exact."
-        )
-        iterator = iter(loader)
-        for _ in range(point.batches_done):
-            next(iterator, None)
+    position.epoch_start_rng = torch.get_rng_state()
+    iterator = _replay(loader, sampler, point)
     if point.rng is not None:
         restore_rng_state(point.rng)
     if point.grads:
@@ -128,4 +169,27 @@ def open_epoch(trainer: Trainer, loader: Any) -> tuple[Any, int]:
             if name in point.grads:
                 param.grad = point.grads[name].to(param.device, param.dtype)
     trainer._window_has_loss = point.window_has_loss
+    if point.step_pending:  # saved between this window's last backward and its optimizer step
+        from trainer.loops import close_window
+
+        trainer.strategy.precision.prepare_resumed_step(trainer.optimizers[0])
+        close_window(trainer)
+        position.set(Phase.BETWEEN_BATCHES)
+    if point.batches_done == trainer.num_training_batches and data.runs_out(loader, point.batches_done):
+        data.run_out(iterator)  # the epoch's batches were all read: finish the iterator as the loop did
     return iterator, point.batches_done
+
+
+def _replay(loader: Any, sampler: Any, point: ResumePoint) -> Any:
+    batch_size = getattr(loader, "batch_size", None)
+    if sampler is not None and batch_size:
+        sampler.begin_epoch(point.sampler_state, skip=point.batches_done * batch_size)
+        return iter(loader)
+    rank_zero_warn(
+        f"this training loader cannot replay its order through the sampler ({type(loader).__name__}); "
+        f"skipping {point.batches_done} batches by reading them. Resume may not be bit-exact."
+    )
+    iterator = iter(loader)
+    for _ in range(point.batches_done):
+        next(iterator, None)
+    return iterator

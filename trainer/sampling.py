@@ -13,7 +13,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
+from torch import Tensor
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
 from strategies.exceptions import ConfigError
@@ -46,20 +47,43 @@ class UnpaddedDistributedSampler(Sampler[int]):
 class ResumableSampler(Sampler[int]):
     """Wraps a training sampler; records what fixes each epoch's order and can replay it from a position.
 
-    For a RandomSampler without its own generator it draws the permutation seed from the global
-    torch RNG exactly as RandomSampler does (so runs equal a plain PyTorch loop) and remembers it.
-    For a RandomSampler with a generator it remembers the generator state; other samplers
-    (DistributedSampler, SequentialSampler) are already a pure function of seed and epoch.
+    Iterating the loader draws exactly what a plain `for batch in loader` draws, epoch after epoch:
+    a RandomSampler without a generator takes its permutation seed from the global torch RNG (we
+    draw it the way RandomSampler does, and remember it); one with a generator draws from that
+    generator. What an epoch needs to be replayed is recorded by `begin_epoch`, right before the
+    loader's iterator is created: the states of the torch.Generators the loader uses (its own
+    `generator`, which seeds workers, and the sampler's), the seed drawn for the permutation, or a
+    DistributedSampler's seed (its order is a pure function of seed and epoch).
     """
 
-    def __init__(self, inner: Sampler[int]) -> None:
+    def __init__(self, inner: Sampler[int], generators: Iterable[Any] = ()) -> None:
         self.inner = inner
+        self.generators: list[torch.Generator] = []
+        for gen in (*generators, getattr(inner, "generator", None)):
+            if isinstance(gen, torch.Generator) and all(gen is not known for known in self.generators):
+                self.generators.append(gen)
         self.epoch_state: dict[str, Any] = {}
-        self._replay: tuple[dict[str, Any], int] | None = None
+        self._seed: int | None = None
+        self._skip = 0
 
-    def replay(self, epoch_state: dict[str, Any], skip: int) -> None:
-        """The next iteration repeats the epoch described by `epoch_state`, skipping `skip` indices."""
-        self._replay = (epoch_state, skip)
+    def generator_states(self) -> list[Tensor]:
+        return [gen.get_state() for gen in self.generators]
+
+    def set_generator_states(self, states: list[Tensor]) -> None:
+        for gen, state in zip(self.generators, states, strict=False):
+            gen.set_state(state)
+
+    def begin_epoch(self, replay: dict[str, Any] | None = None, skip: int = 0) -> None:
+        """Call right before the epoch's iterator is created. With `replay` (an earlier `epoch_state`),
+        the epoch repeats that epoch's order from its start, leaving out the first `skip` indices."""
+        replay = replay or {}
+        if "generators" in replay:
+            self.set_generator_states(replay["generators"])
+        self.keep_run_seed(replay)
+        self._seed, self._skip = replay.get("seed"), skip
+        self.epoch_state = {"generators": self.generator_states()}
+        if isinstance(self.inner, DistributedSampler):
+            self.epoch_state["distributed_seed"] = self.inner.seed
 
     def keep_run_seed(self, epoch_state: dict[str, Any]) -> None:
         """A resumed run keeps the distributed shuffling seed of the run it continues, whatever it was seeded with."""
@@ -67,29 +91,18 @@ class ResumableSampler(Sampler[int]):
             self.inner.seed = epoch_state["distributed_seed"]
 
     def __iter__(self) -> Iterator[int]:
-        state, skip = self._replay or ({}, 0)
-        self._replay = None
+        seed, skip = self._seed, self._skip
+        self._seed, self._skip = None, 0
         inner = self.inner
         indices: Iterable[int] = inner
         if type(inner) is RandomSampler and inner.generator is None:
-            seed = state.get("seed")
             if seed is None:
                 seed = int(torch.empty((), dtype=torch.int64).random_().item())  # RandomSampler's own draw
             generator = torch.Generator()
             generator.manual_seed(seed)
             indices = RandomSampler(inner.data_source, replacement=inner.replacement,
                                     num_samples=inner.num_samples, generator=generator)
-            self.epoch_state = {"seed": seed}
-        elif isinstance(inner, RandomSampler):
-            if "generator_state" in state:
-                inner.generator.set_state(state["generator_state"])
-            self.epoch_state = {"generator_state": inner.generator.get_state()}
-        elif isinstance(inner, DistributedSampler):
-            if "distributed_seed" in state:  # the run's seed fixes the order; a resumed run may seed differently
-                inner.seed = state["distributed_seed"]
-            self.epoch_state = {"distributed_seed": inner.seed}
-        else:
-            self.epoch_state = {}
+            self.epoch_state["seed"] = seed
         return itertools.islice(iter(indices), skip, None)
 
     def __len__(self) -> int:
@@ -97,7 +110,7 @@ class ResumableSampler(Sampler[int]):
 
     def set_epoch(self, epoch: int) -> None:
         """Called at every epoch start, before any replay is armed: a replay never leaks into the next epoch."""
-        self._replay = None
+        self._seed, self._skip = None, 0
         fn = getattr(self.inner, "set_epoch", None)
         if callable(fn):
             fn(epoch)
@@ -107,8 +120,10 @@ _DEFAULT_SAMPLERS = (RandomSampler, SequentialSampler, DistributedSampler)
 
 
 def _is_plain(loader: DataLoader) -> bool:
+    # A batch sampler the user built (even a plain BatchSampler) is theirs: re-building would drop it.
+    batches = loader.batch_sampler
     return type(loader) is DataLoader and type(loader.sampler) in _DEFAULT_SAMPLERS and (
-        loader.batch_sampler is None or type(loader.batch_sampler).__name__ == "BatchSampler"
+        batches is None or (type(batches) is BatchSampler and batches.sampler is loader.sampler)
     )
 
 
@@ -149,7 +164,7 @@ def prepare_loader(loader: Iterable, sampler_kwargs: dict[str, Any] | None, trai
             sampler = UnpaddedDistributedSampler(loader.dataset, **sampler_kwargs)
     elif not training:
         return loader
-    return _rebuild(loader, ResumableSampler(sampler) if training else sampler)
+    return _rebuild(loader, ResumableSampler(sampler, [loader.generator]) if training else sampler)
 
 
 def resumable_sampler(loader: Any) -> ResumableSampler | None:

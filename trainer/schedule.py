@@ -23,13 +23,19 @@ class FitSchedule:
         self.has_validation = False
         self._val_every: int | float = math.inf
         self._deadline: float | None = None
+        self.clock_agreed = False  # several ranks: time is up when the step agreement says so
+        self.time_up_agreed = False
         self.should_stop = False
         self._min_epochs_notice = False
 
-    def start(self, num_training_batches: int | float, has_validation: bool) -> None:
-        """Called once the train loader is known."""
+    def start(self, num_training_batches: int | float, has_validation: bool, world_size: int = 1) -> None:
+        """Called once the train loader is known. With several ranks, max_time is decided by the step
+        agreement (trainer/control.py): each rank's clock alone could stop one rank a batch before the others."""
         self.num_training_batches = num_training_batches
         self.has_validation = has_validation
+        self.clock_agreed = world_size > 1
+        self.time_up_agreed = False
+        self.should_stop = False  # a new fit() goes on after an earlier one was stopped (as in Lightning)
         interval = self.spec.val_check_interval
         if isinstance(interval, float):
             self._val_every = (
@@ -57,8 +63,12 @@ class FitSchedule:
         n = self.spec.num_sanity_val_steps
         return val_batches if n == -1 else min(n, val_batches)
 
-    def _time_up(self) -> bool:
+    def time_up_here(self) -> bool:
+        """This process's clock passed max_time (what a rank contributes to the step agreement)."""
         return self._deadline is not None and time.monotonic() >= self._deadline
+
+    def _time_up(self) -> bool:
+        return self.time_up_agreed if self.clock_agreed else self.time_up_here()
 
     def _can_stop_early(self) -> bool:
         if self.progress.current_epoch >= self.spec.min_epochs:
@@ -80,12 +90,18 @@ class FitSchedule:
             return True
         return self.should_stop and self._can_stop_early()
 
-    def fit_done(self) -> bool:
-        """Start no further epoch?"""
+    def limit_reached(self) -> str | None:
+        """The max_epochs / max_steps limit the loop counters already reached (`max_steps=10`), or None."""
         p, spec = self.progress, self.spec
         if spec.max_steps != -1 and p.global_step >= spec.max_steps:
-            return True
+            return f"`max_steps={spec.max_steps}`"
         if spec.max_epochs != -1 and p.current_epoch >= spec.max_epochs:
+            return f"`max_epochs={spec.max_epochs}`"
+        return None
+
+    def fit_done(self) -> bool:
+        """Start no further epoch?"""
+        if self.limit_reached() is not None:
             return True
         if self._time_up():
             return True

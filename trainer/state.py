@@ -47,7 +47,9 @@ class Progress:
     """Counters that define where the fit loop is; saved in checkpoints to resume.
 
     `global_step` counts optimizer steps; `epoch_batches` counts batches finished in the current
-    epoch; `epoch_finished` tells a resume whether to start the next epoch.
+    epoch; `epoch_opened` says the epoch's data iterator exists (its order is fixed, so a resume
+    replays it even before its first batch finished); `epoch_finished` tells a resume whether to
+    start the next epoch.
     """
 
     current_epoch: int = 0
@@ -56,6 +58,7 @@ class Progress:
     total_batches: int = 0
     epoch_finished: bool = False
     val_started: bool = False  # validation due after the last finished batch has begun
+    epoch_opened: bool = False
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -64,3 +67,12 @@ class Progress:
         for key, value in state.items():
             if hasattr(self, key):
                 setattr(self, key, value)
+        if "epoch_opened" not in state:  # written before the flag existed: an epoch was open once a batch finished
+            self.epoch_opened = self.epoch_batches > 0 and not self.epoch_finished
+
+    def settle(self) -> None:
+        """Start a new fit() at an epoch boundary, keeping the counters of the last one (as Lightning does)."""
+        if self.epoch_finished:
+            self.current_epoch += 1
+        self.epoch_batches = 0
+        self.epoch_finished = self.val_started = self.epoch_opened = False

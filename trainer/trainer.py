@@ -22,6 +22,7 @@ from trainer.flags import parse_flags
 from trainer.hooks import HookDispatcher, _is_overridden, call_hook
 from trainer.metrics import MetricsRouter
 from trainer.optim import SchedulerConfig, SchedulerStepper, normalize_optimizers
+from trainer.position import LoopPosition, Phase
 from trainer.preemption import StopSignals
 from trainer.properties import TrainerProperties
 from trainer.rank_result import pack_if_child
@@ -130,7 +131,7 @@ class Trainer(TrainerProperties):
         self._automatic = True
         self._user_optimizers: list[_StrategyOptimizer] = []
         self._launcher_pid = os.getpid()  # a run in another process (spawn) sends its outcome back
-        self._epoch_start_rng: torch.Tensor | None = None  # torch RNG when this epoch's loader iterator began
+        self._position = LoopPosition()  # what a checkpoint taken now records as the loop position
         self._resume_point: Any = None  # set by a checkpoint restore, consumed by the next training epoch
 
     # --- entry points -------------------------------------------------------------------------------
@@ -300,7 +301,8 @@ class Trainer(TrainerProperties):
             _StrategyOptimizer(opt, self.strategy, self._before_manual_step, self._after_manual_step)
             for opt in self.optimizers
         ]
-        self._progress.__init__()  # type: ignore[misc]
+        self._progress.settle()  # a second fit() keeps the counters, as in Lightning
+        self._position.set(Phase.BETWEEN_BATCHES)
         self._resume_point = None
         if checkpoint is not None:
             ckpt.restore_training_state(self, checkpoint, path)
@@ -308,7 +310,7 @@ class Trainer(TrainerProperties):
             if cb.dirpath is not None:
                 remove_stale_temp_files(cb.dirpath)
         self._metrics.log_hyperparams(model, self.datamodule)
-        self._schedule.start(self._loaders.num_train, bool(self._loaders.val))
+        self._schedule.start(self._loaders.num_train, bool(self._loaders.val), self.world_size)
         self._metrics.watch(self._train_results)
         call_hook(self, "on_fit_start")
         self._signals.install()  # restored in _teardown
@@ -363,6 +365,7 @@ class Trainer(TrainerProperties):
 
     def _after_manual_step(self, optimizer: Optimizer, stepped: bool) -> None:
         self._progress.global_step += 1
+        self._position.set(Phase.MANUAL_STEPPED)
 
     def _optimizers_for_user(self) -> list[Any]:
         return self._user_optimizers if not self._automatic else self.optimizers

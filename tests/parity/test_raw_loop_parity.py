@@ -1,4 +1,8 @@
-"""The Trainer on CPU equals a hand-written torch loop bit for bit (same seed, data and shuffling)."""
+"""The Trainer on CPU equals a hand-written torch loop bit for bit (same seed, data and shuffling).
+
+The loader shuffles either from the global torch RNG or from its own seeded generator; either way the
+Trainer draws each epoch's order exactly as the raw loop's `for batch in loader` does, epoch after epoch.
+"""
 
 from __future__ import annotations
 
@@ -29,16 +33,18 @@ def _adamw_steplr(params: Any) -> tuple[torch.optim.Optimizer, Any]:
     return opt, torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
 
 
-def _loader() -> DataLoader:
-    # 70 samples / batch 8 = 9 batches: the last accumulation window of each epoch is incomplete.
-    return DataLoader(regression_data(n=70), batch_size=8, shuffle=True)
+def _loader(generator: bool = False) -> DataLoader:
+    # 72 samples / batch 8 = 9 full batches: the last accumulation window of each epoch is incomplete, and
+    # the epoch's order is used up exactly at its last batch (where an epoch ends is what a generator sees).
+    return DataLoader(regression_data(n=72), batch_size=8, shuffle=True,
+                      generator=torch.Generator().manual_seed(1) if generator else None)
 
 
-def raw_loop(make_opt: Callable) -> dict[str, torch.Tensor]:
+def raw_loop(make_opt: Callable, generator: bool = False) -> dict[str, torch.Tensor]:
     seed_everything(7)
     net = _net()
     opt, sched = make_opt(net.parameters())
-    loader = _loader()
+    loader = _loader(generator)
     for _ in range(EPOCHS):
         batches = len(loader)
         for i, (x, y) in enumerate(loader):
@@ -68,23 +74,31 @@ class ParityModule(TrainModule):
         return opt if sched is None else {"optimizer": opt, "lr_scheduler": sched}
 
 
-def trainer_run(make_opt: Callable) -> dict[str, torch.Tensor]:
+def trainer_run(make_opt: Callable, generator: bool = False) -> dict[str, torch.Tensor]:
     seed_everything(7)
     model = ParityModule(make_opt)
-    loader = _loader()
+    loader = _loader(generator)
     trainer = Trainer(max_epochs=EPOCHS, accumulate_grad_batches=ACCUMULATE, gradient_clip_val=CLIP, **QUIET)
     trainer.fit(model, loader)
     assert trainer.global_step == EPOCHS * 5  # ceil(9 / 2) optimizer steps per epoch
     return {k.removeprefix("net."): v for k, v in model.state_dict().items()}
 
 
+@pytest.mark.parametrize("generator", [False, True], ids=["global_rng_shuffle", "generator_shuffle"])
 @pytest.mark.parametrize("make_opt", [_sgd, _adamw_steplr], ids=["sgd_momentum", "adamw_steplr"])
-def test_trainer_matches_raw_loop_bit_for_bit(make_opt: Callable):
-    expected = raw_loop(make_opt)
-    got = trainer_run(make_opt)
+def test_trainer_matches_raw_loop_bit_for_bit(make_opt: Callable, generator: bool):
+    expected = raw_loop(make_opt, generator)
+    got = trainer_run(make_opt, generator)
     assert expected.keys() == got.keys()
     for key in expected:
         assert torch.equal(expected[key], got[key]), key
+
+
+def test_epochs_of_a_generator_shuffled_loader_have_different_orders():
+    """The generator case above is not trivially equal: each epoch draws a new order from the generator."""
+    loader = _loader(generator=True)
+    first, second = (torch.cat([x for x, _ in loader]) for _ in range(2))
+    assert not torch.equal(first, second)
 
 
 def test_parity_is_sensitive_to_a_one_step_difference():

@@ -3,7 +3,9 @@ sampler injection with set_epoch, uneven evaluation, and flag resolution for lar
 
 from __future__ import annotations
 
+import time
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -11,12 +13,14 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.utils.data import DataLoader, Dataset
 
+from callbacks import Callback
 from strategies import DDPStrategy
 from strategies.devices import Hardware
 from tests.helpers.boring import QUIET, BoringModel, regression_data
 from tests.helpers.dist import run_distributed
 from trainer import Trainer, TrainModule, seed_everything
 from trainer.flags import parse_flags
+from trainer.schedule import FitSchedule
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
 DDP = {**QUIET, "devices": 2, "strategy": "ddp"}
@@ -301,3 +305,29 @@ def test_ddp_spawn_reports_the_log_folder_its_ranks_wrote(tmp_path):  # noqa: AN
     assert Path(trainer.log_dir).name == "version_1"
     assert [p.name for p in (Path(trainer.log_dir) / "checkpoints").iterdir()] == ["epoch=0-step=2.ckpt"]
     assert trainer.checkpoint_callback.best_model_path.endswith("version_1/checkpoints/epoch=0-step=2.ckpt")
+
+
+def _max_time_rank(rank: int) -> int:
+    """Rank 0's max_time clock starts 1 s after rank 1's, as when one rank is slower to reach fit()."""
+    start = FitSchedule.start
+
+    def late_start(self: FitSchedule, *args: Any) -> None:
+        if rank == 0:
+            time.sleep(1.0)
+        start(self, *args)
+
+    class SlowSteps(Callback):
+        def on_train_batch_end(self, *args: Any) -> None:
+            time.sleep(0.05)
+
+    with mock.patch.object(FitSchedule, "start", late_start):  # this forked rank only
+        trainer = Trainer(max_time={"seconds": 2}, limit_val_batches=0, callbacks=[SlowSteps()],
+                          **{**DDP, "strategy": DDPStrategy(timeout=20)})
+        trainer.fit(BoringModel())
+    return trainer.global_step
+
+
+def test_max_time_stops_every_rank_after_the_same_batch():
+    """Each rank's own clock would stop rank 1 about 20 batches before rank 0, which then waits in a collective."""
+    steps = run_distributed(_max_time_rank)
+    assert steps[0] == steps[1] > 0

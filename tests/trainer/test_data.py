@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
+import torch
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
 from tests.helpers.boring import RandomDataset
 from trainer import data
@@ -38,13 +39,32 @@ def test_no_sharding_when_the_strategy_does_not_ask():
     assert isinstance(train.sampler, ResumableSampler) and isinstance(train.sampler.inner, SequentialSampler)
 
 
-def test_resumable_sampler_replays_an_epoch_from_a_position():
-    loader = prepare_loader(DataLoader(range(10), batch_size=2, shuffle=True), None, training=True)
+@pytest.mark.parametrize("generator", [None, torch.Generator().manual_seed(3)], ids=["global_rng", "generator"])
+def test_resumable_sampler_replays_an_epoch_from_a_position(generator):  # noqa: ANN001
+    loader = prepare_loader(DataLoader(range(10), batch_size=2, shuffle=True, generator=generator), None,
+                            training=True)
+    loader.sampler.begin_epoch()
     first = [int(i) for batch in loader for i in batch]
     state = loader.sampler.epoch_state
-    loader.sampler.replay(state, skip=4)
+    loader.sampler.begin_epoch(state, skip=4)
     assert [int(i) for batch in loader for i in batch] == first[4:]
     assert sorted(first) == list(range(10))
+
+
+def test_a_generator_shuffled_loader_keeps_the_order_plain_iteration_gives():
+    def make() -> DataLoader:
+        return DataLoader(range(12), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(1))
+
+    plain, wrapped = make(), prepare_loader(make(), None, training=True)
+    for _ in range(3):
+        wrapped.sampler.begin_epoch()
+        assert [b.tolist() for b in wrapped] == [b.tolist() for b in plain]
+
+
+def test_a_batch_sampler_the_user_built_is_kept():
+    dataset = list(range(8))
+    loader = DataLoader(dataset, batch_sampler=BatchSampler(RandomSampler(dataset), 4, drop_last=False))
+    assert prepare_loader(loader, None, training=True) is loader
 
 
 class MyLoader(DataLoader):

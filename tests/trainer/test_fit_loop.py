@@ -220,3 +220,37 @@ def test_trainer_state_properties():
     assert trainer.is_global_zero and trainer.precision == "32-true"
     assert trainer.strategy.root_device == torch.device("cpu")
     assert trainer.logger is None and trainer.loggers == []
+
+
+@pytest.mark.parametrize(("limits", "reached"), [({"max_epochs": 2}, "`max_epochs=2`"),
+                                                  ({"max_steps": 11, "max_epochs": 5}, "`max_steps=11`")])
+def test_a_second_fit_after_the_limit_trains_nothing_and_says_so(limits: dict, reached: str,
+                                                                 capsys: pytest.CaptureFixture):
+    model = CountingModel()
+    trainer = Trainer(num_sanity_val_steps=0, **limits, **QUIET)
+    trainer.fit(model)
+    counters, weights, batches = (trainer.global_step, trainer.current_epoch), model.layer.weight.clone(), len(
+        model.train_batches)
+    capsys.readouterr()
+    trainer.fit(model)  # Lightning: "`Trainer.fit` stopped: `max_epochs=2` reached." and nothing else
+    out = capsys.readouterr().out
+    assert f"`Trainer.fit` stopped: {reached} reached; this Trainer has nothing left to train" in out
+    assert (trainer.global_step, trainer.current_epoch) == counters and len(model.train_batches) == batches
+    assert torch.equal(model.layer.weight, weights)
+
+
+def test_a_second_fit_after_should_stop_goes_on_from_the_counters():
+    """As in Lightning: should_stop is cleared and the next epoch starts; counters are not restarted."""
+
+    class StopAt5(Callback):
+        def on_train_batch_end(self, trainer, *args):  # noqa: ANN001, ANN002, ANN201
+            if trainer.global_step == 5 and trainer.current_epoch == 0:
+                trainer.should_stop = True
+
+    model = CountingModel()
+    trainer = Trainer(max_epochs=3, num_sanity_val_steps=0, callbacks=[StopAt5()], **QUIET)
+    trainer.fit(model)
+    assert (trainer.global_step, trainer.current_epoch, trainer.should_stop) == (5, 1, True)
+    trainer.fit(model)
+    assert (trainer.global_step, trainer.current_epoch, trainer.should_stop) == (21, 3, False)
+    assert [epoch for epoch, _ in model.train_batches] == [0] * 5 + [1] * 8 + [2] * 8
