@@ -25,6 +25,8 @@ AnyPath = Path | str  # a local Path, or a URL string
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://|::")
 _LOCAL_PROTOCOLS = ("file", "local")
 # protocol -> (package to install, this project's extra that installs it, or None)
+# stores whose "folders" are key prefixes: nothing to create (fsspec's makedirs would create a missing bucket)
+OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "oci", "tos", "memory"})
 _PACKAGES = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", None), "gcs": ("gcsfs", None),
              "az": ("adlfs", None), "abfs": ("adlfs", None), "abfss": ("adlfs", None), "adl": ("adlfs", None)}
 
@@ -121,7 +123,14 @@ def makedirs(path: AnyPath) -> None:
         path.mkdir(parents=True, exist_ok=True)
         return
     fs, inner = get_fs(path)
-    fs.makedirs(inner, exist_ok=True)
+    makedirs_in(fs, inner)
+
+
+def makedirs_in(fs: Any, inner: str) -> None:
+    """`makedirs` for a path inside `fs`; never creates a bucket (a missing one is an error at the first write)."""
+    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+    if not protocols & OBJECT_STORES:
+        fs.makedirs(inner, exist_ok=True)
 
 
 def open_file(path: AnyPath, mode: str = "r") -> IO[Any]:

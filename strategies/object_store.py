@@ -25,7 +25,7 @@ from typing import Any
 
 from strategies.checkpoint_io import TMP_MARKER
 from strategies.exceptions import CheckpointLoadError, CheckpointSaveError
-from strategies.filesystem import get_fs
+from strategies.filesystem import get_fs, makedirs_in
 
 DATA_MARKER = ".data-"
 RECORD_KEY = "trainer_checkpoint_commit"
@@ -87,7 +87,7 @@ def save(obj: Any, url: str, write: Callable[[Any, Any], None]) -> None:
     data_name = f"{base}{DATA_MARKER}{new_token()}"
     data_path = posixpath.join(folder, data_name)
     try:
-        fs.makedirs(folder, exist_ok=True)
+        makedirs_in(fs, folder)
         with fs.open(data_path, "wb") as handle:
             write(obj, handle)
             size = handle.tell()

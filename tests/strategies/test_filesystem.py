@@ -13,7 +13,13 @@ import torch
 
 from callbacks import ModelCheckpoint
 from strategies import object_store
-from strategies.checkpoint_io import atomic_save, find_checkpoints, remove_checkpoint, remove_stale_temp_files, safe_load
+from strategies.checkpoint_io import (
+    atomic_save,
+    find_checkpoints,
+    remove_checkpoint,
+    remove_stale_temp_files,
+    safe_load,
+)
 from strategies.exceptions import CheckpointLoadError, CheckpointSaveError, ConfigError
 from strategies.filesystem import is_remote, join, parent, to_path
 from trainer import Trainer

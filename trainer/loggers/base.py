@@ -157,7 +157,7 @@ class VersionedFolderLogger(Logger):
     @property
     def version(self) -> int | str:
         if self._version is None:
-            self._version = next_version(self._save_dir / self._name)
+            self._version = next_version(join(self._save_dir, self._name))
         return self._version
 
     @property
