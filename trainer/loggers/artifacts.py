@@ -21,7 +21,11 @@ if TYPE_CHECKING:
 
 def require(package: str, extra: str, who: str) -> None:
     """Raise ModuleNotFoundError naming the extra to install when `package` is missing (without importing it)."""
-    if importlib.util.find_spec(package) is None:
+    try:
+        found = importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a broken install, or a module blocked in sys.modules
+        found = False
+    if not found:
         raise ModuleNotFoundError(
             f"{who} needs the '{package}' package, which is not installed: pip install \"trainer[{extra}]\" "
             f"(or pip install {package})."

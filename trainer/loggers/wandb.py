@@ -80,8 +80,9 @@ class WandbLogger(Logger):
         self._save_dir = os.fspath(folder) if folder is not None else None
         self._project = project or os.environ.get("WANDB_PROJECT", "lightning_logs")
         self._init: dict[str, Any] = {"name": name, "project": self._project, "dir": self._save_dir,
-                                      "id": version or id, "resume": "allow",
-                                      "anonymous": "allow" if anonymous else None, **kwargs}
+                                      "resume": "allow", **kwargs}
+        if anonymous:
+            self._init["anonymous"] = "allow"
         if offline:
             self._init["mode"] = "offline"
         self._offline = offline
