@@ -52,14 +52,23 @@ def parse_record(raw: bytes) -> dict[str, Any] | None:
     return record if isinstance(record, dict) and record.get(RECORD_KEY) == 1 else None
 
 
+def _head(fs: Any, path: str) -> bytes:
+    """The first bytes of the object at `path`: enough to hold a record, one ranged GET (FileNotFoundError if none)."""
+    try:
+        return bytes(fs.cat_file(path, start=0, end=RECORD_MAX_BYTES + 1))
+    except (FileNotFoundError, IsADirectoryError, PermissionError):
+        raise
+    except OSError:  # S3 refuses any range of an empty object
+        if fs.info(path).get("size", 0) == 0:
+            return b""
+        raise
+
+
 def read_record(fs: Any, path: str) -> dict[str, Any] | None:
     """The commit record at `path` (a path inside `fs`), or None when there is none."""
     try:
-        info = fs.info(path)
-        if info.get("type") != "file" or info.get("size", 0) > RECORD_MAX_BYTES:
-            return None
-        return parse_record(fs.cat_file(path))
-    except FileNotFoundError:
+        return parse_record(_head(fs, path))
+    except (FileNotFoundError, IsADirectoryError):
         return None
 
 
@@ -111,34 +120,37 @@ def resolve(url: str) -> tuple[Any, str, dict[str, Any] | None]:
         CheckpointLoadError: nothing at `url`, or its record names data that is gone.
     """
     fs, path = get_fs(url)
-    fs.invalidate_cache(posixpath.dirname(path))
     try:
-        info = fs.info(path)
-    except FileNotFoundError:
+        record = parse_record(_head(fs, path))
+    except (FileNotFoundError, IsADirectoryError):
+        fs.invalidate_cache(posixpath.dirname(path))
+        if fs.isdir(path):  # a folder (e.g. a sharded checkpoint copied by hand)
+            return fs, path, None
         raise CheckpointLoadError(f"checkpoint {url} does not exist. Check the path (or use ckpt_path='last').") \
             from None
-    if info.get("type") == "directory":
-        return fs, path, None
-    record = read_record(fs, path)
     if record is None:
         return fs, path, None
-    data = posixpath.join(posixpath.dirname(path), record["data"])
-    if not fs.exists(data):
-        raise CheckpointLoadError(f"checkpoint {url} is committed, but its data {record['data']} is missing "
-                                  "(deleted by hand?).")
-    return fs, data, record
+    return fs, posixpath.join(posixpath.dirname(path), record["data"]), record
+
+
+def missing_data(url: str, record: dict[str, Any]) -> CheckpointLoadError:
+    return CheckpointLoadError(f"checkpoint {url} is committed, but its data {record['data']} is missing "
+                               "(deleted by hand?).")
 
 
 def read_bytes(url: str) -> bytes:
     """The bytes of the checkpoint file at `url` (following its commit record), size-checked against the record."""
     fs, data, record = resolve(url)
-    if record is None and fs.isdir(data):
-        raise CheckpointLoadError(f"checkpoint {url} is a directory, but a checkpoint file was expected.")
     if record is not None and record.get("kind") == "folder":
         raise CheckpointLoadError(f"checkpoint {url} is a directory, but a checkpoint file was expected. It is a "
                                   "sharded ZeRO checkpoint: load it with strategy='zero2' or 'zero3' (any number "
                                   "of processes).")
-    raw = fs.cat_file(data)
+    try:
+        raw = fs.cat_file(data)
+    except (FileNotFoundError, IsADirectoryError):
+        if record is not None:
+            raise missing_data(url, record) from None
+        raise CheckpointLoadError(f"checkpoint {url} is a directory, but a checkpoint file was expected.") from None
     if record is not None and len(raw) != record.get("size"):
         raise CheckpointLoadError(f"checkpoint {url} is not a valid checkpoint (truncated or corrupted): its data "
                                   f"holds {len(raw)} bytes, its commit record says {record.get('size')}.")

@@ -87,6 +87,8 @@ def verify_remote(url: str) -> tuple[dict[str, Any] | None, str, str]:
         infos = {posixpath.basename(e["name"]): e for e in fs.ls(data_path, detail=True)}
     except FileNotFoundError:
         infos = {}
+    if record is not None and not infos:
+        return None, str(object_store.missing_data(url, record)), folder_url
     if MANIFEST not in infos:
         return None, (f"{url} has no {MANIFEST}: it is not a committed checkpoint of this trainer "
                       "(or its save was cut short)"), folder_url

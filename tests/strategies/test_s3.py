@@ -111,3 +111,9 @@ def test_zero3_sharded_checkpoint_on_s3_resumes_exactly(s3_bucket):
     resumed = run_distributed(_zero3_rank, f"{s3_bucket}/split", 3, True, timeout=200)
     assert resumed[0]["step"] == straight[0]["step"] == 6
     assert resumed[0]["weight"] == straight[0]["weight"]
+
+
+def test_an_empty_object_is_a_clear_load_error(s3_bucket):
+    fsspec.filesystem("s3").pipe_file(f"{s3_bucket}/empty.ckpt", b"")
+    with pytest.raises(CheckpointLoadError, match=r"is empty \(0 bytes\)"):
+        safe_load(f"{s3_bucket}/empty.ckpt")
