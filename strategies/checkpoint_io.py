@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from strategies.exceptions import CheckpointLoadError, CheckpointSaveError
-from strategies.filesystem import AnyPath, is_remote
+from strategies.filesystem import AnyPath, is_remote, to_path
 
 TMP_MARKER = ".tmp-"
 
@@ -48,12 +48,12 @@ def atomic_save(
     the target with os.replace (atomic on POSIX), and the directory entry is fsynced. On a remote store
     (a URL), the bytes go to a new object and a commit record names it (strategies/object_store.py).
     """
-    if is_remote(path):
+    path = to_path(path)  # a Path stays as it is; "file://x" becomes Path("x"); a URL stays a string
+    if isinstance(path, str):
         from strategies import object_store
 
-        object_store.save(obj, os.fspath(path), write)
+        object_store.save(obj, path, write)
         return
-    path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -122,14 +122,14 @@ def _load_weights_only(source: Path | bytes, map_location: str | torch.device | 
 
 def safe_load(path: str | Path, map_location: str | torch.device | None = "cpu") -> dict[str, Any]:
     """Load a checkpoint with `weights_only=True`; every failure becomes a CheckpointLoadError."""
-    if is_remote(path):
+    path = to_path(path)
+    if isinstance(path, str):
         from strategies import object_store
 
-        raw = object_store.read_bytes(os.fspath(path))  # follows the commit record; checks the size
+        raw = object_store.read_bytes(path)  # follows the commit record; checks the size
         if not raw:
             raise CheckpointLoadError(f"checkpoint {path} is empty (0 bytes): it is truncated or was never written.")
         return _checked_load(raw, path, map_location)
-    path = Path(path)
     if not path.exists():
         raise CheckpointLoadError(f"checkpoint {path} does not exist. Check the path (or use ckpt_path='last').")
     if path.is_dir():

@@ -60,6 +60,7 @@ class MLFlowLogger(Logger):
     """
 
     LOGGER_JOIN_CHAR = "-"
+    """What joins `prefix` and a metric name."""
 
     def __init__(
         self,

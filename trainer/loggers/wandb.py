@@ -58,6 +58,7 @@ class WandbLogger(Logger):
     """
 
     LOGGER_JOIN_CHAR = "-"
+    """What joins `prefix` and a metric name."""
 
     def __init__(
         self,
@@ -130,6 +131,7 @@ class WandbLogger(Logger):
 
     @property
     def offline(self) -> bool:
+        """Whether the run is written locally only (`wandb sync` uploads it later)."""
         return self._offline
 
     def identity(self) -> Any:
