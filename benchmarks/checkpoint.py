@@ -22,10 +22,8 @@ of its model and optimizer state dicts, bare and durable (the same <= 1.10x targ
 and Lightning's `trainer.save_checkpoint` of the same model after the same step when Lightning is installed
 (it writes through a BytesIO and fsspec, without fsync).
 
-On an S3 server (benchmarks/checkpoint_s3.py; moto's standalone server on 127.0.0.1, started here): our atomic
-save to s3:// (a new data object, then the commit record, the previous round's data deleted) vs writing the same
-checkpoint with the plain fsspec client, and safe_load vs a plain read + torch.load. Skipped with a note when
-s3fs or moto is not installed (`--no-s3` skips it always).
+On a local S3 server: our atomic save and load vs the plain fsspec client (benchmarks/checkpoint_s3.py says
+how); skipped with a note when s3fs or moto is missing, always with `--no-s3`.
 
 Variants run interleaved: each round runs every variant once, in an order rotated by one each round (and
 reversed every other cycle), so no variant always goes first. Between calls (outside the timing) the written
@@ -319,6 +317,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-trainer", action="store_true", help="skip the Trainer.save_checkpoint comparison")
     parser.add_argument("--no-lightning", action="store_true", help="skip Lightning even when it is installed")
     parser.add_argument("--no-s3", action="store_true", help="skip the rows on a local S3 server (moto)")
+    parser.add_argument("--s3-rounds", type=int, default=None,
+                        help="measured rounds of the S3 rows (default: --rounds; each 100 MB save takes ~4 s there)")
     parser.add_argument("--dir", type=Path, default=None,
                         help="where the scratch folder is made (default: the folder of --out, i.e. "
                              f"{RESULTS} unless --out says otherwise)")
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> None:
             sections.append(("Trainer save", trainer_rows))
         s3_skipped = "--no-s3" if args.no_s3 else checkpoint_s3.available()
         if s3_skipped is None:
-            s3_saves, s3_loads = checkpoint_s3.measure(obj, rounds, run_rounds)
+            s3_saves, s3_loads = checkpoint_s3.measure(obj, args.s3_rounds or rounds, run_rounds)
             sections += [("save (S3 server)", summarize(s3_saves, checkpoint_s3.SAVE_PLAIN)),
                          ("load (S3 server)", summarize(s3_loads, checkpoint_s3.LOAD_PLAIN))]
         probe = workdir / "size.ckpt"
@@ -389,7 +389,8 @@ def main(argv: list[str] | None = None) -> None:
     write_result(
         args.out, "checkpoint", figures(sections), mode="quick" if args.quick else "full",
         config={"width": width, "layers": 4, "rounds": rounds, "quick": args.quick, "tensor_bytes": size,
-                "file_bytes": file_bytes, "trainer_tensor_bytes": trainer_bytes, "s3_skipped": s3_skipped},
+                "file_bytes": file_bytes, "trainer_tensor_bytes": trainer_bytes, "s3_skipped": s3_skipped,
+                "s3_rounds": args.s3_rounds or rounds},
         elapsed_s=elapsed, machine=machine_info(lightning=lightning_version()),
         headline=headline, save=save, load=load, trainer_save=trainer_rows, table=table,
     )
