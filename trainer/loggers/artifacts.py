@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from strategies.distributed import rank_zero_only
 from strategies.filesystem import get_fs, is_remote, name
 
 if TYPE_CHECKING:
@@ -30,6 +31,11 @@ def require(package: str, extra: str, who: str) -> None:
             f"{who} needs the '{package}' package, which is not installed: pip install \"trainer[{extra}]\" "
             f"(or pip install {package})."
         )
+
+
+def on_rank_zero() -> bool:
+    """Whether this process is global rank 0, the one that talks to the tracking service."""
+    return getattr(rank_zero_only, "rank", 0) == 0
 
 
 def checkpoint_stamp(path: str) -> int | None:

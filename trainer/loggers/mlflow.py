@@ -16,8 +16,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from strategies.distributed import rank_zero_only, rank_zero_warn
-from trainer.loggers.artifacts import changed_checkpoints, checkpoint_metadata, local_checkpoint, require
+from strategies.distributed import rank_zero_warn
+from trainer.loggers.artifacts import (
+    changed_checkpoints,
+    checkpoint_metadata,
+    local_checkpoint,
+    on_rank_zero,
+    require,
+)
 from trainer.loggers.base import Logger, flatten_hparams
 
 if TYPE_CHECKING:
@@ -109,7 +115,7 @@ class MLFlowLogger(Logger):
             from mlflow.tracking import MlflowClient
 
             self._client = MlflowClient(self._tracking_uri)
-        if rank_zero_only.rank == 0 and (self._run_id is None or self._experiment_id is None):
+        if on_rank_zero() and (self._run_id is None or self._experiment_id is None):
             self._create_or_resume_run()
         return self._client
 
@@ -129,24 +135,24 @@ class MLFlowLogger(Logger):
     @property
     def run_id(self) -> str | None:
         """The run's id (rank 0 creates the run on first use)."""
-        if rank_zero_only.rank == 0:
+        if on_rank_zero():
             _ = self.experiment
         return self._run_id
 
     @property
     def experiment_id(self) -> str | None:
         """The experiment's id (rank 0 creates it on first use)."""
-        if rank_zero_only.rank == 0:
+        if on_rank_zero():
             _ = self.experiment
         return self._experiment_id
 
     @property
-    def name(self) -> str | None:
+    def name(self) -> str | None:  # type: ignore[override]  # None on other ranks until rank 0 made the run
         """The experiment id (as Lightning's MLFlowLogger): the default checkpoint folder is named by it."""
         return self.experiment_id
 
     @property
-    def version(self) -> str | None:
+    def version(self) -> str | None:  # type: ignore[override]  # None on other ranks until rank 0 made the run
         """The run id."""
         return self.run_id
 

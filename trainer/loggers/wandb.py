@@ -14,8 +14,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from strategies.distributed import rank_zero_only
-from trainer.loggers.artifacts import changed_checkpoints, checkpoint_metadata, local_checkpoint, require
+from trainer.loggers.artifacts import (
+    changed_checkpoints,
+    checkpoint_metadata,
+    local_checkpoint,
+    on_rank_zero,
+    require,
+)
 from trainer.loggers.base import Logger
 
 if TYPE_CHECKING:
@@ -103,7 +108,7 @@ class WandbLogger(Logger):
     @property
     def experiment(self) -> Any:
         """The `wandb.Run` (rank 0 starts it on first use; a run finished by `finalize` is resumed by id)."""
-        if self._experiment is None and rank_zero_only.rank == 0:
+        if self._experiment is None and on_rank_zero():
             import wandb
 
             if self._save_dir is not None:
@@ -120,7 +125,7 @@ class WandbLogger(Logger):
         return self._project
 
     @property
-    def version(self) -> str | None:
+    def version(self) -> str | None:  # type: ignore[override]  # None until rank 0 started the run
         """The run id (None before rank 0 started the run, if no id was given)."""
         return self._id
 
