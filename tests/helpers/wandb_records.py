@@ -8,6 +8,7 @@ magic, a version byte), then 32 KiB blocks of chunks, each with a 7-byte header 
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,9 +43,19 @@ def records(path: Path) -> Iterator[Any]:
             pending = b""
 
 
-def run_file(save_dir: Path) -> Path:
-    (found,) = sorted((save_dir / "wandb").glob("offline-run-*/run-*.wandb"))
-    return found
+def run_file(save_dir: Path, timeout: float = 60) -> Path:
+    """The run file under `save_dir`, once complete: wandb's service process writes it after `run.finish()` has
+    returned (measured: right after finish the file can still hold only its 7-byte header), so wait for the
+    run's `exit` record."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = sorted((save_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+        if len(found) == 1 and found[0].stat().st_size > HEADER and any(
+                r.WhichOneof("record_type") == "exit" for r in records(found[0])):
+            return found[0]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no complete wandb run file under {save_dir} after {timeout:.0f} s: {found}")
+        time.sleep(0.1)
 
 
 def of_type(path: Path, kind: str) -> list[Any]:

@@ -67,7 +67,9 @@ def test_run_name_project_and_id(fitted):
 
 
 def test_hyperparameters_go_to_the_config(fitted):
-    config = {u.key: json.loads(u.value_json) for c in of_type(fitted[3], "config") for u in c.update}
+    path = fitted[3]
+    updates = [*of_type(path, "config"), *(run.config for run in of_type(path, "run"))]  # either may carry them
+    config = {u.key: json.loads(u.value_json) for c in updates for u in c.update}
     assert config["lr"] == 0.1 and config["sizes"] == [4, 8]
 
 
