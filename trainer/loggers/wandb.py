@@ -92,7 +92,7 @@ class WandbLogger(Logger):
         if offline:
             self._init["mode"] = "offline"
         self._offline = offline
-        self._id: str | None = version or id
+        self._id: str | None = version or id or (getattr(experiment, "id", None) if experiment is not None else None)
         self._log_model = log_model
         self._prefix = prefix
         self._checkpoint_name = checkpoint_name
@@ -140,7 +140,8 @@ class WandbLogger(Logger):
         return self._offline
 
     def identity(self) -> Any:
-        _ = self.experiment
+        if self._id is None:  # start the run to learn its id; a known id needs no run (e.g. after finalize)
+            _ = self.experiment
         return self._id
 
     def adopt_identity(self, identity: Any) -> None:
