@@ -22,6 +22,9 @@ of its model and optimizer state dicts, bare and durable (the same <= 1.10x targ
 and Lightning's `trainer.save_checkpoint` of the same model after the same step when Lightning is installed
 (it writes through a BytesIO and fsspec, without fsync).
 
+On a local S3 server: our atomic save and load vs the plain fsspec client (benchmarks/checkpoint_s3.py says
+how); skipped with a note when s3fs or moto is missing, always with `--no-s3`.
+
 Variants run interleaved: each round runs every variant once, in an order rotated by one each round (and
 reversed every other cycle), so no variant always goes first. Between calls (outside the timing) the written
 file is removed and `os.sync()` flushes any dirty pages, so a bare torch.save does not leave write-back work to
@@ -31,6 +34,7 @@ median of per-round paired ratios. The machine this was written on is a shared 2
     .venv/bin/python benchmarks/checkpoint.py            # full run: 100.7 MB, 11 rounds (about a minute)
     .venv/bin/python benchmarks/checkpoint.py --quick    # smoke run: 12.6 MB, 3 rounds (< 60 s)
 """
+# ruff: noqa: E402 - the S3 rows' module is imported by bare name, like common
 
 from __future__ import annotations
 
@@ -45,6 +49,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import checkpoint_s3
 import torch
 from common import figure, lightning_version, machine_info, paired, write_result
 from torch import nn
@@ -276,6 +281,10 @@ FIGURE_NAMES: dict[tuple[str, str], tuple[str, str]] = {
     ("Trainer save", "torch.save + fsync"): ("trainer_save_durable", "baseline"),
     ("Trainer save", "torch.save (bare)"): ("trainer_save_bare", "reference"),
     ("Trainer save", "Lightning trainer.save_checkpoint"): ("trainer_save_lightning", "lightning"),
+    ("save (S3 server)", checkpoint_s3.SAVE_OURS): ("s3_save_ours", "ours"),
+    ("save (S3 server)", checkpoint_s3.SAVE_PLAIN): ("s3_save_plain", "baseline"),
+    ("load (S3 server)", checkpoint_s3.LOAD_OURS): ("s3_load_ours", "ours"),
+    ("load (S3 server)", checkpoint_s3.LOAD_PLAIN): ("s3_load_plain", "baseline"),
 }
 SAVE_TARGET = 1.10
 
@@ -307,6 +316,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(default 1448 = 100.7 MB, quick 512 = 12.6 MB)")
     parser.add_argument("--no-trainer", action="store_true", help="skip the Trainer.save_checkpoint comparison")
     parser.add_argument("--no-lightning", action="store_true", help="skip Lightning even when it is installed")
+    parser.add_argument("--no-s3", action="store_true", help="skip the rows on a local S3 server (moto)")
+    parser.add_argument("--s3-rounds", type=int, default=None,
+                        help="measured rounds of the S3 rows (default: --rounds; each 100 MB save takes ~4 s there)")
     parser.add_argument("--dir", type=Path, default=None,
                         help="where the scratch folder is made (default: the folder of --out, i.e. "
                              f"{RESULTS} unless --out says otherwise)")
@@ -334,6 +346,11 @@ def main(argv: list[str] | None = None) -> None:
             times, trainer_bytes = measure_trainer_save(width, workdir, rounds, not args.no_lightning)
             trainer_rows = summarize(times, "torch.save + fsync")
             sections.append(("Trainer save", trainer_rows))
+        s3_skipped = "--no-s3" if args.no_s3 else checkpoint_s3.available()
+        if s3_skipped is None:
+            s3_saves, s3_loads = checkpoint_s3.measure(obj, args.s3_rounds or rounds, run_rounds)
+            sections += [("save (S3 server)", summarize(s3_saves, checkpoint_s3.SAVE_PLAIN)),
+                         ("load (S3 server)", summarize(s3_loads, checkpoint_s3.LOAD_PLAIN))]
         probe = workdir / "size.ckpt"
         torch.save(obj, probe)
         file_bytes = probe.stat().st_size
@@ -351,6 +368,10 @@ def main(argv: list[str] | None = None) -> None:
         "save_target": SAVE_TARGET,
     }
     headline["save_target_met"] = headline["save_ours_vs_durable"] <= headline["save_target"]
+    s3_rows = {r["variant"]: r for title, rows in sections if "S3" in title for r in rows}
+    if s3_rows:
+        headline["s3_save_ours_vs_plain"] = s3_rows[checkpoint_s3.SAVE_OURS]["ratio_of_medians"]
+        headline["s3_load_ours_vs_plain"] = s3_rows[checkpoint_s3.LOAD_OURS]["ratio_of_medians"]
     print(f"\n{size / 1e6:.1f} MB of tensors ({file_bytes / 1e6:.1f} MB file), {rounds} interleaved rounds, "
           f"torch {torch.__version__}, {os.cpu_count()} logical CPUs, scratch dir under {args.dir}\n")
     print(table)
@@ -358,12 +379,18 @@ def main(argv: list[str] | None = None) -> None:
           f"{'met' if headline['save_target_met'] else 'NOT met'}); ours / bare torch.save = "
           f"{headline['save_ours_vs_bare']:.2f}x; durable / bare = {headline['durable_vs_bare']:.2f}x")
     print(f"load: ours / torch.load = {headline['load_ours_vs_torch_load']:.2f}x")
+    if s3_rows:
+        print(f"S3 server: save ours / plain fsspec write = {headline['s3_save_ours_vs_plain']:.2f}x; "
+              f"load ours / plain fsspec read = {headline['s3_load_ours_vs_plain']:.2f}x")
+    else:
+        print(f"S3 rows skipped: {s3_skipped}")
     print(f"benchmark took {elapsed:.1f} s")
 
     write_result(
         args.out, "checkpoint", figures(sections), mode="quick" if args.quick else "full",
         config={"width": width, "layers": 4, "rounds": rounds, "quick": args.quick, "tensor_bytes": size,
-                "file_bytes": file_bytes, "trainer_tensor_bytes": trainer_bytes},
+                "file_bytes": file_bytes, "trainer_tensor_bytes": trainer_bytes, "s3_skipped": s3_skipped,
+                "s3_rounds": args.s3_rounds or rounds},
         elapsed_s=elapsed, machine=machine_info(lightning=lightning_version()),
         headline=headline, save=save, load=load, trainer_save=trainer_rows, table=table,
     )

@@ -7,16 +7,16 @@ writes; the save decision is agreed across ranks so no rank waits alone in a bar
 from __future__ import annotations
 
 import re
-import shutil
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
-from strategies.checkpoint_io import TMP_MARKER
+from strategies.checkpoint_io import find_checkpoints, remove_checkpoint
 from strategies.distributed import rank_zero_info
 from strategies.exceptions import ConfigError, MisconfigurationError
+from strategies.filesystem import AnyPath, join, to_path
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -26,14 +26,16 @@ _FIELD = re.compile(r"\{([A-Za-z_][\w/.-]*)(:[^}]*)?\}")
 
 
 class ModelCheckpoint(Callback):
-    """Save checkpoints to `dirpath` (default: `<log_dir>/checkpoints`).
+    """Save checkpoints to `dirpath` (default: the `checkpoints` folder of the first logger's run).
 
     Without `monitor`, keeps the latest checkpoint (top-1 by recency). With `monitor`, keeps the
     `save_top_k` best by `mode`; `save_top_k=-1` keeps all. `save_last=True` also writes `last.ckpt`.
     Every option is described in docs/checkpointing.md.
 
     Args:
-        dirpath: the folder; default `<log_dir>/checkpoints` (`<default_root_dir>/checkpoints` without a logger).
+        dirpath: the folder, local or an fsspec URL (`s3://bucket/ckpts`); default `<run folder>/checkpoints`, where
+            the run folder is the first logger's (see `trainer.loggers.run_folder`), or `default_root_dir` without
+            a logger.
         filename: a template filled with `epoch`, `step` and logged metrics, e.g. `"{epoch}-{val_loss:.3f}"`.
         monitor: a logged metric to rank checkpoints by; None keeps the latest.
         verbose: log every save on rank 0.
@@ -48,7 +50,8 @@ class ModelCheckpoint(Callback):
         auto_insert_metric_name: write `name=value` for each field of `filename`.
 
     Raises:
-        ConfigError: an invalid `mode` or `save_top_k`, or more than one cadence.
+        ConfigError: an invalid `mode` or `save_top_k`, more than one cadence, or a `dirpath` URL whose protocol
+            is unknown or whose package is not installed.
     """
 
     is_monitoring_callback = True
@@ -81,7 +84,7 @@ class ModelCheckpoint(Callback):
             raise ConfigError(
                 "ModelCheckpoint: pass only one of every_n_train_steps, every_n_epochs and train_time_interval."
             )
-        self.dirpath = Path(dirpath) if dirpath is not None else None
+        self.dirpath: AnyPath | None = to_path(dirpath) if dirpath is not None else None
         self.filename = filename
         self.monitor = monitor
         self.verbose = verbose
@@ -128,19 +131,21 @@ class ModelCheckpoint(Callback):
     # --- where ---------------------------------------------------------------------------------
     def setup(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
         if self.dirpath is None:
-            base = Path(trainer.log_dir) if trainer.loggers else Path(trainer.default_root_dir)
-            self.dirpath = Path(trainer.strategy.broadcast(str(base / "checkpoints")))
+            from trainer.loggers.base import run_folder
 
-    def existing_checkpoints(self, trainer: Trainer) -> list[Path]:
-        """Checkpoint files this callback could resume from (for ckpt_path='last')."""
+            base = run_folder(trainer.loggers[0], trainer.default_root_dir) if trainer.loggers else \
+                to_path(trainer.default_root_dir)
+            self.dirpath = to_path(trainer.strategy.broadcast(str(join(base, "checkpoints"))))
+
+    def existing_checkpoints(self, trainer: Trainer) -> list[tuple[int, AnyPath]]:
+        """(modification time in ns, path) of the checkpoints this callback could resume from (ckpt_path='last');
+        on a remote store, committed ones only."""
         if self.dirpath is None:
             self.setup(trainer, trainer.lightning_module, "fit")
         assert self.dirpath is not None
-        if not self.dirpath.is_dir():
-            return []
-        return [p for p in self.dirpath.glob(f"*{self.CHECKPOINT_EXT}") if TMP_MARKER not in p.name]
+        return find_checkpoints(self.dirpath, f"*{self.CHECKPOINT_EXT}")
 
-    def format_checkpoint_name(self, metrics: dict[str, Any], name: str | None = None) -> Path:
+    def format_checkpoint_name(self, metrics: dict[str, Any], name: str | None = None) -> AnyPath:
         """Fill `filename` (default 'epoch={epoch}-step={step}') with metric values."""
         template = name or self.filename or "{epoch}-{step}"
 
@@ -151,7 +156,7 @@ class ModelCheckpoint(Callback):
             return f"{key}={text}" if self.auto_insert_metric_name and not name else text
 
         assert self.dirpath is not None
-        return self.dirpath / (_FIELD.sub(fill, template).replace("/", "_") + self.CHECKPOINT_EXT)
+        return join(self.dirpath, _FIELD.sub(fill, template).replace("/", "_") + self.CHECKPOINT_EXT)
 
     # --- when ----------------------------------------------------------------------------------
     def _saves_on_train_epoch_end(self, trainer: Trainer) -> bool:
@@ -203,6 +208,8 @@ class ModelCheckpoint(Callback):
             path = self.format_checkpoint_name(metrics, self.LAST_NAME)
             self.last_model_path = str(path)
             trainer.save_checkpoint(path, self.save_weights_only)
+        for logger in trainer.loggers:  # e.g. to upload the new files as artifacts (rank 0 only, by the base class)
+            logger.after_save_checkpoint(self)
 
     def _save_latest(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         if self.save_top_k == 0:
@@ -256,8 +263,4 @@ class ModelCheckpoint(Callback):
 
     def _remove(self, trainer: Trainer, path: str) -> None:
         if trainer.is_global_zero:
-            target = Path(path)
-            if target.is_dir():  # a sharded checkpoint folder
-                shutil.rmtree(target, ignore_errors=True)
-            else:
-                target.unlink(missing_ok=True)
+            remove_checkpoint(to_path(path))  # a file or a sharded folder, local or on a store

@@ -1,8 +1,13 @@
-"""Checkpoint file I/O: atomic durable writes and safe (weights-only) reads with friendly errors."""
+"""Checkpoint file I/O: atomic durable writes and safe (weights-only) reads with friendly errors.
+
+A local path takes the temp-file-and-rename path below; a URL (s3://, memory://, ...) goes through
+strategies/object_store.py, which commits with a small record instead of a rename.
+"""
 
 from __future__ import annotations
 
 import importlib
+import io
 import os
 import pickle
 import re
@@ -16,6 +21,7 @@ from typing import Any
 import torch
 
 from strategies.exceptions import CheckpointLoadError, CheckpointSaveError
+from strategies.filesystem import AnyPath, is_remote, to_path
 
 TMP_MARKER = ".tmp-"
 
@@ -39,9 +45,15 @@ def atomic_save(
     """Write `obj` to `path` so that a crash at any moment leaves either the old file or the new one.
 
     The bytes go to a temp file in the same directory, are flushed and fsynced, then renamed over
-    the target with os.replace (atomic on POSIX), and the directory entry is fsynced.
+    the target with os.replace (atomic on POSIX), and the directory entry is fsynced. On a remote store
+    (a URL), the bytes go to a new object and a commit record names it (strategies/object_store.py).
     """
-    path = Path(path)
+    path = to_path(path)  # a Path stays as it is; "file://x" becomes Path("x"); a URL stays a string
+    if isinstance(path, str):
+        from strategies import object_store
+
+        object_store.save(obj, path, write)
+        return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -65,8 +77,12 @@ def atomic_save(
     _fsync_dir(path.parent)
 
 
-def remove_stale_temp_files(directory: str | Path) -> list[Path]:
-    """Delete temp files left by a writer that died mid-save; return what was removed."""
+def remove_stale_temp_files(directory: str | Path) -> list[AnyPath]:
+    """Delete temp files left by a writer that died mid-save (on a store: uncommitted data); return what was removed."""
+    if is_remote(directory):
+        from strategies import object_store
+
+        return list(object_store.remove_uncommitted(os.fspath(directory)))
     directory = Path(directory)
     if not directory.is_dir():
         return []
@@ -76,7 +92,7 @@ def remove_stale_temp_files(directory: str | Path) -> list[Path]:
             shutil.rmtree(p, ignore_errors=True)
         else:
             p.unlink(missing_ok=True)
-    return removed
+    return list(removed)
 
 
 def _cause(err: BaseException) -> str:
@@ -87,22 +103,33 @@ def _cause(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}"
 
 
-def _load_weights_only(path: Path, map_location: str | torch.device | None) -> Any:
+def _load_weights_only(source: Path | bytes, map_location: str | torch.device | None) -> Any:
     """torch.load(weights_only=True). A file holding DTensors needs torch.distributed.tensor imported first, which
     `import trainer` skips (it costs about a second): import it then and load again, still weights-only."""
+    def load() -> Any:
+        return torch.load(io.BytesIO(source) if isinstance(source, bytes) else source, map_location=map_location,
+                          weights_only=True)
+
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return load()
     except pickle.UnpicklingError as err:
         if "torch.distributed.tensor" not in str(err):
             raise
     importlib.import_module("torch.distributed.tensor")  # registers DTensor with the weights-only unpickler
 
-    return torch.load(path, map_location=map_location, weights_only=True)
+    return load()
 
 
 def safe_load(path: str | Path, map_location: str | torch.device | None = "cpu") -> dict[str, Any]:
     """Load a checkpoint with `weights_only=True`; every failure becomes a CheckpointLoadError."""
-    path = Path(path)
+    path = to_path(path)
+    if isinstance(path, str):
+        from strategies import object_store
+
+        raw = object_store.read_bytes(path)  # follows the commit record; checks the size
+        if not raw:
+            raise CheckpointLoadError(f"checkpoint {path} is empty (0 bytes): it is truncated or was never written.")
+        return _checked_load(raw, path, map_location)
     if not path.exists():
         raise CheckpointLoadError(f"checkpoint {path} does not exist. Check the path (or use ckpt_path='last').")
     if path.is_dir():
@@ -111,8 +138,12 @@ def safe_load(path: str | Path, map_location: str | torch.device | None = "cpu")
         raise CheckpointLoadError(f"checkpoint {path} is a directory, but a checkpoint file was expected.{hint}")
     if path.stat().st_size == 0:
         raise CheckpointLoadError(f"checkpoint {path} is empty (0 bytes): it is truncated or was never written.")
+    return _checked_load(path, path, map_location)
+
+
+def _checked_load(source: Path | bytes, path: str | Path, map_location: str | torch.device | None) -> dict[str, Any]:
     try:
-        data = _load_weights_only(path, map_location)
+        data = _load_weights_only(source, map_location)
     except pickle.UnpicklingError as err:
         found = re.search(r"GLOBAL (\S+)", str(err))
         if found:
@@ -131,3 +162,31 @@ def safe_load(path: str | Path, map_location: str | torch.device | None = "cpu")
     if not isinstance(data, dict):
         raise CheckpointLoadError(f"checkpoint {path} holds a {type(data).__name__}, not a checkpoint dict.")
     return data
+
+
+def find_checkpoints(folder: AnyPath, pattern: str = "*.ckpt") -> list[tuple[int, AnyPath]]:
+    """(modification time in ns, path) of the checkpoints matching `pattern` under `folder` (a glob that may span
+    folders, e.g. "version_*/checkpoints/*.ckpt"), temp files excluded; on a remote store, committed checkpoints
+    only, timed by their commit record."""
+    if is_remote(folder):
+        from strategies import object_store
+
+        return list(object_store.find_checkpoints(f"{os.fspath(folder).rstrip('/')}/{pattern}"))
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return [(p.stat().st_mtime_ns, p) for p in folder.glob(pattern) if TMP_MARKER not in p.name]
+
+
+def remove_checkpoint(path: AnyPath) -> None:
+    """Delete a checkpoint file or sharded folder (on a store: its commit record first, then its data)."""
+    if is_remote(path):
+        from strategies import object_store
+
+        object_store.remove(os.fspath(path))
+        return
+    target = Path(path)
+    if target.is_dir():
+        shutil.rmtree(target, ignore_errors=True)
+    else:
+        target.unlink(missing_ok=True)

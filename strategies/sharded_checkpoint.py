@@ -19,6 +19,7 @@ from typing import Any
 
 from strategies.checkpoint_io import TMP_MARKER, atomic_save, safe_load
 from strategies.exceptions import CheckpointLoadError, CheckpointSaveError
+from strategies.filesystem import is_remote
 
 MANIFEST = "manifest.pt"
 SHARDED_KEYS = ("state_dict", "optimizer_states")
@@ -28,7 +29,7 @@ SHARDED_KEYS = ("state_dict", "optimizer_states")
 class ShardedRef:
     """Stands in a loaded checkpoint dict for tensors that stay in the folder until loaded into place."""
 
-    folder: Path
+    folder: Path | str  # a URL for a checkpoint on a remote store
     key: str
 
 
@@ -40,13 +41,37 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def shard_payload(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """What DCP writes: the model's and the optimizers' sharded states."""
+    return {"model": checkpoint["state_dict"],
+            "optim": {str(i): state for i, state in enumerate(checkpoint["optimizer_states"])}}
+
+
+def manifest_state(checkpoint: dict[str, Any], files: dict[str, str]) -> dict[str, Any]:
+    """The manifest: everything but the sharded states, and the shard files with their fingerprints."""
+    rest = {k: v for k, v in checkpoint.items() if k not in SHARDED_KEYS}
+    return {**rest, "optimizer_count": len(checkpoint["optimizer_states"]), "sharded_files": files}
+
+
+def is_folder_checkpoint(path: str | Path) -> bool:
+    """True when `path` names a sharded checkpoint folder (locally, or committed on a remote store)."""
+    if is_remote(path):
+        from strategies import object_store
+
+        return object_store.is_folder(str(path))
+    return Path(path).is_dir()
+
+
 def save_sharded(strategy: Any, checkpoint: dict[str, Any], path: str | Path) -> None:
     """Collective. Shards go to a temp folder; rank 0 adds the manifest last, then renames the folder."""
+    if is_remote(path):
+        from strategies.sharded_remote import save_sharded_remote
+
+        return save_sharded_remote(strategy, checkpoint, str(path))
     folder = Path(path)
     token = strategy.broadcast(uuid.uuid4().hex[:8])
     tmp = folder.with_name(f"{folder.name}{TMP_MARKER}{token}")
-    payload = {"model": checkpoint["state_dict"],
-               "optim": {str(i): state for i, state in enumerate(checkpoint["optimizer_states"])}}
+    payload = shard_payload(checkpoint)
     import torch.distributed.checkpoint as dcp  # heavy (DTensor): imported on first use, not with `trainer`
 
     error = None
@@ -66,9 +91,7 @@ def save_sharded(strategy: Any, checkpoint: dict[str, Any], path: str | Path) ->
 def _commit(checkpoint: dict[str, Any], folder: Path, tmp: Path, token: str) -> None:
     """Rank 0: the manifest (commit marker) last, then the folder takes the final name."""
     files = {p.name: _sha256(p) for p in sorted(tmp.iterdir())}
-    rest = {k: v for k, v in checkpoint.items() if k not in SHARDED_KEYS}
-    rest["optimizer_count"] = len(checkpoint["optimizer_states"])
-    atomic_save({**rest, "sharded_files": files}, tmp / MANIFEST)
+    atomic_save(manifest_state(checkpoint, files), tmp / MANIFEST)
     trash = folder.with_name(f"{folder.name}{TMP_MARKER}old-{token}")
     if folder.exists():
         os.replace(folder, trash)
@@ -96,8 +119,14 @@ def _verify(folder: Path) -> tuple[dict[str, Any] | None, str]:
 
 def load_sharded(strategy: Any, path: str | Path) -> dict[str, Any]:
     """Verify the folder on every rank, agree, then return the manifest with ShardedRefs for the tensors."""
-    folder = Path(path)
-    manifest, problem = _verify(folder)
+    folder: Path | str
+    if is_remote(path):
+        from strategies.sharded_remote import verify_remote
+
+        manifest, problem, folder = verify_remote(str(path))  # folder: the committed data prefix
+    else:
+        folder = Path(path)
+        manifest, problem = _verify(folder)
     if not strategy.reduce_boolean_decision(manifest is not None, all=True):
         raise CheckpointLoadError(problem or f"{folder}: another rank found this sharded checkpoint invalid.")
     assert manifest is not None
@@ -107,8 +136,14 @@ def load_sharded(strategy: Any, path: str | Path) -> dict[str, Any]:
             "optimizer_states": [ShardedRef(folder, str(i)) for i in range(count)]}
 
 
-def load_into(folder: Path, key: str, target: dict[str, Any]) -> None:
+def load_into(folder: Path | str, key: str, target: dict[str, Any]) -> None:
     """Fill `target` (a sharded state dict of the live model or optimizer) in place from the folder."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.load({key: target} if key == "model" else {"optim": {key: target}}, checkpoint_id=str(folder))
+    state = {key: target} if key == "model" else {"optim": {key: target}}
+    if is_remote(folder):
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+        dcp.load(state, storage_reader=FsspecReader(str(folder)))
+        return
+    dcp.load(state, checkpoint_id=str(folder))

@@ -26,7 +26,7 @@ from strategies.base import NULL_CONTEXT, _StepRouter
 from strategies.ddp import DDPStrategy
 from strategies.exceptions import ConfigError
 from strategies.precision import Precision
-from strategies.sharded_checkpoint import ShardedRef, load_into, load_sharded, save_sharded
+from strategies.sharded_checkpoint import ShardedRef, is_folder_checkpoint, load_into, load_sharded, save_sharded
 
 
 @functools.cache
@@ -229,7 +229,7 @@ class ZeroStrategy(DDPStrategy):
             super().save_checkpoint(checkpoint, path)
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
-        if self.stage != 1 and Path(path).is_dir():
+        if self.stage != 1 and is_folder_checkpoint(path):
             return load_sharded(self, path)
         return super().load_checkpoint(path)
 

@@ -23,7 +23,7 @@ PUBLIC = {
     "trainer": ["Trainer", "TrainModule", "DataModule", "seed_everything", "rank_zero_only"],
     "callbacks": ["Callback", "EarlyStopping", "ModelCheckpoint", "LearningRateMonitor", "ProgressBar"],
     "strategies": ["Strategy", "SingleDeviceStrategy", "DataParallelStrategy", "DDPStrategy", "ZeroStrategy"],
-    "trainer.loggers": ["TensorBoardLogger", "CSVLogger", "Logger"],
+    "trainer.loggers": ["TensorBoardLogger", "CSVLogger", "Logger", "MLFlowLogger", "WandbLogger"],
 }
 PUBLIC_NAMES = [f"{module}.{name}" for module, names in PUBLIC.items() for name in names]
 

@@ -5,12 +5,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("tensorboard", "omegaconf", "tqdm", "torchmetrics", "lightning")
+# the optional integrations: imported when a logger starts its run or a URL is used, never by `import trainer`
+OPTIONAL = ("mlflow", "wandb", "fsspec", "s3fs", "boto3", "botocore", "aiobotocore", "moto")
 
 
 def _modules_after(code: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
+                         cwd=ROOT)  # this checkout's packages, not whichever one is installed
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -30,6 +35,23 @@ def test_import_trainer_loads_no_heavy_optional_dependency():
         assert name not in result["all"]
 
 
+def test_loggers_and_local_paths_load_no_optional_integration():
+    # building the tracking loggers and a local ModelCheckpoint, and resolving local paths, imports none of them
+    result = _modules_after(
+        "import sys, json, torch\n"
+        "before = set(sys.modules)\n"
+        "import trainer\n"
+        "from trainer.loggers import MLFlowLogger, WandbLogger\n"
+        "from callbacks import ModelCheckpoint\n"
+        "from strategies.filesystem import to_path\n"
+        "MLFlowLogger(tracking_uri='http://127.0.0.1:1'); WandbLogger(offline=True)\n"
+        "ModelCheckpoint(dirpath='ckpts'); to_path('runs/x')\n"
+        "new = sorted(set(sys.modules) - before)\n"
+        "print(json.dumps({'new': new, 'all': sorted(sys.modules)}))"
+    )
+    assert [m for m in result["new"] if m.split(".")[0] in OPTIONAL] == []
+
+
 def test_strategies_is_a_leaf_package():
     result = _modules_after(
         "import sys, json\nimport strategies\nprint(json.dumps(sorted(sys.modules)))"
@@ -41,4 +63,4 @@ def test_public_names_import():
     from callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint, ProgressBar  # noqa: F401
     from strategies import SingleDeviceStrategy, Strategy  # noqa: F401
     from trainer import DataModule, Trainer, TrainModule, rank_zero_only, seed_everything  # noqa: F401
-    from trainer.loggers import CSVLogger, Logger, TensorBoardLogger  # noqa: F401
+    from trainer.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger  # noqa: F401

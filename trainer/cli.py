@@ -17,6 +17,7 @@ import os
 import random
 import re
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseExceptio
 
 from callbacks.base import Callback
 from strategies.exceptions import ConfigError, MisconfigurationError
+from strategies.filesystem import AnyPath, join, makedirs, open_file, to_path
 from trainer.datamodule import DataModule
 from trainer.module import TrainModule
 from trainer.seed import SEED_ENV, seed_everything
@@ -62,20 +64,29 @@ class CLIRun:
 
 
 class SaveConfig(Callback):
-    """Writes the resolved config into the run's log folder at setup, on global rank 0 only, so the
-    run can be repeated with `--config <log_dir>/config.yaml`."""
+    """Writes the resolved config into `trainer.log_dir` at setup, on global rank 0 only, so the run can be
+    repeated with `--config <log_dir>/config.yaml`; loggers that keep files with the run (MLflow, W&B) also get
+    a copy through `Logger.log_artifact`."""
 
     def __init__(self, text: str, filename: str = CONFIG_FILENAME) -> None:
         self.text = text
         self.filename = filename
-        self.path: Path | None = None
+        self.path: AnyPath | None = None
 
     def setup(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
         if not trainer.is_global_zero:
             return
-        self.path = Path(trainer.log_dir) / self.filename
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(self.text)
+        folder = to_path(trainer.log_dir)
+        makedirs(folder)
+        self.path = join(folder, self.filename)
+        with open_file(self.path, "w") as handle:
+            handle.write(self.text)
+        if trainer.loggers:
+            with tempfile.TemporaryDirectory() as tmp:
+                local = os.path.join(tmp, self.filename)
+                Path(local).write_text(self.text)
+                for logger in trainer.loggers:
+                    logger.log_artifact(local)
 
 
 # --- loading ---------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import torch
 from strategies.base import Strategy
 from strategies.devices import Hardware, resolve_accelerator, resolve_devices
 from strategies.exceptions import ConfigError
+from strategies.filesystem import AnyPath, to_path
 from strategies.precision import canonical_precision, precision_from_flag
 from strategies.registry import STRATEGY_REGISTRY
 
@@ -48,7 +49,7 @@ class RunSpec:
     gradient_clip_val: float | None
     gradient_clip_algorithm: str
     log_every_n_steps: int
-    default_root_dir: Path
+    default_root_dir: AnyPath  # a Path, or an fsspec URL (s3://...)
     deterministic: bool | str
     fast_dev_run: int  # 0: off
     enable_checkpointing: bool
@@ -239,7 +240,7 @@ def parse_flags(
         accumulate_grad_batches=accumulate_grad_batches,
         gradient_clip_val=None if gradient_clip_val is None else float(gradient_clip_val),
         gradient_clip_algorithm=gradient_clip_algorithm, log_every_n_steps=log_every_n_steps,
-        default_root_dir=Path(default_root_dir) if default_root_dir is not None else Path.cwd(),
+        default_root_dir=to_path(default_root_dir) if default_root_dir is not None else Path.cwd(),
         deterministic=deterministic, fast_dev_run=dev_run,
         enable_checkpointing=bool(enable_checkpointing) and not dev_run,
         enable_progress_bar=bool(enable_progress_bar), enable_model_summary=bool(enable_model_summary),

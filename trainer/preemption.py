@@ -13,9 +13,10 @@ import signal
 import subprocess
 import sys
 import threading
-from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
+
+from strategies.filesystem import AnyPath, join, to_path
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -47,12 +48,12 @@ class StopSignals:
         self._previous.clear()
 
 
-def stop_checkpoint_path(trainer: Trainer) -> Path:
+def stop_checkpoint_path(trainer: Trainer) -> AnyPath:
     """Where the stop checkpoint goes: beside the run's other checkpoints, found again by ckpt_path="last"."""
     cb = trainer.checkpoint_callback
     if cb is not None and cb.dirpath is not None:
-        return Path(cb.dirpath) / STOP_CHECKPOINT_NAME
-    return Path(trainer.default_root_dir) / "checkpoints" / STOP_CHECKPOINT_NAME
+        return join(cb.dirpath, STOP_CHECKPOINT_NAME)
+    return join(to_path(trainer.default_root_dir), "checkpoints", STOP_CHECKPOINT_NAME)
 
 
 def stop_and_exit(trainer: Trainer, signum: int) -> NoReturn:

@@ -114,8 +114,10 @@ class TrainerProperties:
 
     @property
     def log_dir(self) -> str:
-        """The first logger's versioned folder, or default_root_dir without a logger."""
-        return str(self.logger.log_dir) if self.logger is not None else self.default_root_dir
+        """The first logger's folder (`log_dir`); `default_root_dir` without a logger, or when the first logger
+        keeps no folder of its own (MLflow, W&B: see trainer.loggers.Logger)."""
+        folder = self.logger.log_dir if self.logger is not None else None
+        return str(folder) if folder is not None else self.default_root_dir
 
     @property
     def checkpoint_callbacks(self) -> list[Any]:

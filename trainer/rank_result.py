@@ -40,9 +40,8 @@ class RankZeroResult:
         for cb in trainer.callbacks:
             if cb.state_key in self.callback_states:
                 cb.load_state_dict(self.callback_states[cb.state_key])
-        for logger, version in zip(trainer.loggers, self.logger_versions, strict=False):
-            if version is not None and hasattr(logger, "_version"):
-                logger._version = version  # log_dir names the folder the ranks wrote, not a fresh version
+        for logger, identity in zip(trainer.loggers, self.logger_versions, strict=False):
+            logger.adopt_identity(identity)  # log_dir names the folder (or run) the ranks wrote, not a fresh one
         trainer.state.status = TrainerStatus(self.status)
         return self.result
 
@@ -72,6 +71,6 @@ def pack_if_child(trainer: Trainer, result: Any) -> LocalResult | RankZeroResult
         callback_metrics={k: v.detach().cpu() for k, v in trainer.callback_metrics.items()},
         logged_metrics=trainer.logged_metrics,
         callback_states={cb.state_key: cb.state_dict() for cb in trainer.callbacks},
-        logger_versions=[getattr(logger, "_version", None) for logger in trainer.loggers],
+        logger_versions=[logger.identity() for logger in trainer.loggers],
         status=trainer.state.status.value,
     )

@@ -7,10 +7,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from strategies.checkpoint_io import find_checkpoints
 from strategies.distributed import rank_zero_info
 from strategies.exceptions import ConfigError, MisconfigurationError
+from strategies.filesystem import AnyPath, join, parent, to_path
 from trainer import data
 from trainer.flags import RunSpec
+from trainer.loggers.base import run_folder
 from trainer.sampling import prepare_loader
 from trainer.state import TrainerFn
 
@@ -126,30 +129,28 @@ def _require(loaders: list[Any], fn: str, hook: str) -> None:
         )
 
 
-def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | Path | None) -> Path | None:
-    """"last" → the newest checkpoint of this run's ModelCheckpoint folders, including earlier
-    `version_N` folders of the same logger (a requeued job gets a new version); "best" → the
-    checkpoint callback's best_model_path. "last" with nothing saved yet starts fresh, with a note."""
+def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | Path | None) -> AnyPath | None:
+    """"last" → the newest checkpoint of this run's ModelCheckpoint folders, including the other runs of the first
+    logger's experiment (`version_N` folders, earlier run ids: a requeued job gets a new one); on a remote store,
+    committed checkpoints only. "best" → the checkpoint callback's best_model_path. "last" with nothing saved yet
+    starts fresh, with a note. A path may be an fsspec URL."""
     if ckpt_path is None:
         return None
     if str(ckpt_path) == "best":
         best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
         if not best:
             raise MisconfigurationError('ckpt_path="best" needs a ModelCheckpoint that has saved a checkpoint.')
-        return Path(best)
+        return to_path(best)
     if str(ckpt_path) != "last":
-        return Path(ckpt_path)
-    candidates: list[Path] = []
+        return to_path(ckpt_path)
+    candidates: list[tuple[int, AnyPath]] = []
     for cb in trainer.checkpoint_callbacks:
         candidates.extend(cb.existing_checkpoints(trainer))
-    stop_file = Path(trainer._spec.default_root_dir) / "checkpoints" / "last.ckpt"  # see trainer.preemption
-    if stop_file.exists():
-        candidates.append(stop_file)
-    for logger in trainer.loggers:  # earlier versions of the same run folder
-        if logger.save_dir and logger.name:
-            pattern = f"{logger.name}/version_*/checkpoints/*.ckpt"
-            candidates.extend(p for p in Path(logger.save_dir).glob(pattern) if ".tmp-" not in p.name)
+    root = to_path(trainer.default_root_dir)
+    candidates.extend(find_checkpoints(join(root, "checkpoints"), "last.ckpt"))  # see trainer.preemption
+    for logger in trainer.loggers:  # the other runs of the same experiment
+        candidates.extend(find_checkpoints(parent(run_folder(logger, root)), "*/checkpoints/*.ckpt"))
     if not candidates:
         rank_zero_info("ckpt_path='last' found no checkpoint; starting from scratch.")
         return None
-    return max(candidates, key=lambda p: p.stat().st_mtime)
+    return max(candidates, key=lambda found: found[0])[1]

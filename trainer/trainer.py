@@ -244,10 +244,11 @@ class Trainer(TrainerProperties):
         return clearer
 
     def _agree_logger_versions(self) -> None:
-        """Rank 0 picks each logger's version_N; the others take it, so every rank names the same folder."""
+        """Rank 0 picks each logger's run (version_N, a run id); the others take it, so every rank names the same."""
         for logger in self.loggers:
-            if getattr(logger, "_version", "fixed") is None:
-                logger._version = self.strategy.broadcast(logger.version if self.is_global_zero else None)
+            identity = self.strategy.broadcast(logger.identity() if self.is_global_zero else None)
+            if not self.is_global_zero:
+                logger.adopt_identity(identity)
 
     def _attach(self, fn: TrainerFn, model: Any, datamodule: Any) -> Any:
         from trainer.module import TrainModule

@@ -1,7 +1,10 @@
-"""Loggers. TensorBoardLogger imports tensorboard only when it first writes."""
+"""Loggers. TensorBoardLogger imports tensorboard only when it first writes; MLFlowLogger and WandbLogger import
+mlflow and wandb only when their run starts (install them with the `mlflow` and `wandb` extras)."""
 
 from trainer.loggers.base import Logger
 from trainer.loggers.csv import CSVLogger
+from trainer.loggers.mlflow import MLFlowLogger
 from trainer.loggers.tensorboard import TensorBoardLogger
+from trainer.loggers.wandb import WandbLogger
 
-__all__ = ["CSVLogger", "Logger", "TensorBoardLogger"]
+__all__ = ["CSVLogger", "Logger", "MLFlowLogger", "TensorBoardLogger", "WandbLogger"]

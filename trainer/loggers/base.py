@@ -1,24 +1,42 @@
-"""Logger base class. Rank-zero gating happens here once: subclasses write without checking ranks."""
+"""Logger base class. Rank-zero gating happens here once: subclasses write without checking ranks.
+
+The folder contract: a logger that keeps this run's files in a folder of its own (TensorBoard, CSV) returns it
+from `log_dir`; a logger that does not (MLflow sends to a tracking server, W&B keeps its own layout) returns
+None there and names its run with `name` and `version` instead. `run_folder` turns either into the folder where
+the run's other files go (default checkpoints, the CLI's saved config), so a folderless logger never yields a
+folder called 'None'.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from strategies.distributed import rank_zero_only
+from strategies.filesystem import AnyPath, join, list_names, to_path
+
+if TYPE_CHECKING:
+    from callbacks.checkpoint import ModelCheckpoint
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def next_version(root: Path) -> int:
+def next_version(root: AnyPath) -> int:
     """The next free `version_N` under `root` (0 when there is none)."""
-    if not root.is_dir():
-        return 0
-    found = [int(p.name.split("_", 1)[1]) for p in root.iterdir()
-             if p.is_dir() and p.name.startswith("version_") and p.name.split("_", 1)[1].isdigit()]
+    names = list_names(root, directories_only=True)
+    found = [int(n.split("_", 1)[1]) for n in names if n.startswith("version_") and n.split("_", 1)[1].isdigit()]
     return max(found) + 1 if found else 0
+
+
+def run_folder(logger: Logger, default_root_dir: str | Path) -> AnyPath:
+    """Where this run's files go besides the logger's own: its `log_dir`, or for a logger without a folder
+    `<save_dir or default_root_dir>/<name>/<version>` (e.g. `<root>/<experiment id>/<run id>` for MLflow)."""
+    if logger.log_dir is not None:
+        return to_path(logger.log_dir)
+    base = to_path(logger.save_dir) if logger.save_dir else to_path(default_root_dir)
+    return join(base, str(logger.name), str(logger.version))
 
 
 def flatten_hparams(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -39,8 +57,13 @@ class Logger(ABC):
     """Receives metrics and hyperparameters from the Trainer. Only rank 0 writes.
 
     Subclasses implement `name`, `version`, `log_metrics` and `log_hyperparams`, and may override `save`,
-    `finalize`, `save_dir` and `log_dir`. The four writing methods of every subclass are wrapped in
-    `rank_zero_only` when the class is created, so a subclass writes without checking ranks.
+    `finalize`, `save_dir`, `log_dir`, `log_artifact`, `after_save_checkpoint`, `identity` and
+    `adopt_identity`. The writing methods of every subclass are wrapped in `rank_zero_only` when the class is
+    created, so a subclass writes without checking ranks.
+
+    A logger without a folder of its own returns None from `log_dir` (and from `save_dir` unless it has a local
+    root): `trainer.log_dir` is then `default_root_dir`, and the default checkpoint folder is
+    `<save_dir or default_root_dir>/<name>/<version>/checkpoints` (see `run_folder`).
 
     Example:
         ```python
@@ -55,9 +78,11 @@ class Logger(ABC):
         ```
     """
 
+    WRITERS = ("log_metrics", "log_hyperparams", "finalize", "save", "log_artifact", "after_save_checkpoint")
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        for name in ("log_metrics", "log_hyperparams", "finalize", "save"):
+        for name in cls.WRITERS:
             if name in cls.__dict__:
                 setattr(cls, name, rank_zero_only(cls.__dict__[name]))
 
@@ -73,12 +98,13 @@ class Logger(ABC):
 
     @property
     def save_dir(self) -> str | None:
-        """The root folder the logger writes under, or None for loggers that write no files."""
+        """The root folder the logger writes under (local or a URL), or None for loggers that write no files."""
         return None
 
     @property
     def log_dir(self) -> str | None:
-        """The folder of this run's files (`trainer.log_dir` when it is the first logger), or None."""
+        """The folder of this run's files (`trainer.log_dir` when it is the first logger), or None when the
+        logger keeps no folder of its own."""
         return None
 
     @abstractmethod
@@ -96,12 +122,31 @@ class Logger(ABC):
         """The run ended ('success' or 'failed'); flush and close."""
         self.save()
 
+    def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:  # noqa: B027
+        """Keep a copy of a local file with the run (MLflow artifacts, W&B run files); by default nothing, for
+        loggers whose folder already holds the run's files. The CLI sends the resolved config here."""
+
+    def after_save_checkpoint(self, checkpoint_callback: ModelCheckpoint) -> None:  # noqa: B027
+        """Called after `checkpoint_callback` saved (Lightning's hook): e.g. upload new checkpoints as artifacts."""
+
+    def identity(self) -> Any:
+        """What names this run (a version, a run id), for the other processes of the run: rank 0's value is sent to
+        the other ranks at the start of every fit/validate/test/predict, and a spawned rank 0's value back to the
+        launching process. Called on rank 0 only; may create the run. None: nothing to share."""
+        return None
+
+    def adopt_identity(self, identity: Any) -> None:  # noqa: B027
+        """Take the run identity rank 0 chose (see `identity`), so every process names the same run."""
+
 
 class VersionedFolderLogger(Logger):
-    """A logger writing under `save_dir/name/version_N` (N = next free one unless `version` is given)."""
+    """A logger writing under `save_dir/name/version_N` (N = next free one unless `version` is given).
+
+    `save_dir` may be an fsspec URL (`s3://bucket/logs`, `memory://logs`).
+    """
 
     def __init__(self, save_dir: str | Path, name: str, version: int | str | None = None) -> None:
-        self._save_dir = Path(save_dir)
+        self._save_dir = to_path(save_dir)
         self._name = name
         self._version = version
 
@@ -112,7 +157,7 @@ class VersionedFolderLogger(Logger):
     @property
     def version(self) -> int | str:
         if self._version is None:
-            self._version = next_version(self._save_dir / self._name)
+            self._version = next_version(join(self._save_dir, self._name))
         return self._version
 
     @property
@@ -122,4 +167,11 @@ class VersionedFolderLogger(Logger):
     @property
     def log_dir(self) -> str:
         version = self.version if isinstance(self.version, str) else f"version_{self.version}"
-        return str(self._save_dir / self._name / version)
+        return str(join(self._save_dir, self._name, version))
+
+    def identity(self) -> Any:
+        return self.version
+
+    def adopt_identity(self, identity: Any) -> None:
+        if identity is not None:
+            self._version = identity  # log_dir then names the folder rank 0 chose

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from strategies.filesystem import AnyPath, join, makedirs, open_file, to_path
 from trainer.loggers.base import VersionedFolderLogger, flatten_hparams
 
 
@@ -14,7 +15,7 @@ class CSVLogger(VersionedFolderLogger):
     """Writes `save_dir/name/version_N/metrics.csv` and `hparams.yaml` (plain text, no extra deps).
 
     Args:
-        save_dir: the root folder.
+        save_dir: the root folder, local or an fsspec URL (`s3://bucket/logs`: each save rewrites the object).
         name: the experiment folder under `save_dir`.
         version: None picks the next free `version_N`; an int N means `version_N`; a string is the folder name.
         flush_logs_every_n_steps: rows kept in memory before metrics.csv is rewritten (also at save and the end).
@@ -29,9 +30,9 @@ class CSVLogger(VersionedFolderLogger):
         self._written = 0
 
     @property
-    def metrics_file(self) -> Path:
-        """`log_dir/metrics.csv`."""
-        return Path(self.log_dir) / "metrics.csv"
+    def metrics_file(self) -> AnyPath:
+        """`log_dir/metrics.csv` (a URL when `save_dir` is one)."""
+        return join(to_path(self.log_dir), "metrics.csv")
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         """Add a row: `step`, then one column per key (a new key adds a column to the whole file)."""
@@ -45,17 +46,19 @@ class CSVLogger(VersionedFolderLogger):
 
     def log_hyperparams(self, params: Mapping[str, Any]) -> None:
         """Write `hparams.yaml`, nested dicts flattened to `a/b` keys."""
-        Path(self.log_dir).mkdir(parents=True, exist_ok=True)
+        folder = to_path(self.log_dir)
+        makedirs(folder)
         lines = [f"{key}: {value!r}" if isinstance(value, str) else f"{key}: {value}"
                  for key, value in flatten_hparams(params).items()]
-        (Path(self.log_dir) / "hparams.yaml").write_text("\n".join(lines) + "\n")
+        with open_file(join(folder, "hparams.yaml"), "w") as handle:
+            handle.write("\n".join(lines) + "\n")
 
     def save(self) -> None:
         """Rewrite metrics.csv with every row so far (columns may have grown since the last write)."""
         if not self._rows:
             return
-        Path(self.log_dir).mkdir(parents=True, exist_ok=True)
-        with open(self.metrics_file, "w", newline="") as handle:
+        makedirs(to_path(self.log_dir))
+        with open_file(self.metrics_file, "w") as handle:
             writer = csv.DictWriter(handle, fieldnames=self._columns)
             writer.writeheader()
             writer.writerows(self._rows)

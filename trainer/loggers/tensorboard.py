@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from strategies.filesystem import makedirs, to_path
 from trainer.loggers.base import VersionedFolderLogger, flatten_hparams
 
 
@@ -15,7 +16,8 @@ class TensorBoardLogger(VersionedFolderLogger):
     tensorboard is imported on the first write, so `import trainer` stays light.
 
     Args:
-        save_dir: the root folder.
+        save_dir: the root folder, local or a URL (tensorboard's own file layer writes it: s3:// through boto3,
+            other protocols through fsspec).
         name: the experiment folder under `save_dir`.
         version: None picks the next free `version_N`; an int N means `version_N`; a string is the folder name.
         default_hp_metric: also write Lightning's placeholder `hp_metric` (-1) with the hyperparameters.
@@ -34,7 +36,7 @@ class TensorBoardLogger(VersionedFolderLogger):
         if self._experiment is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            Path(self.log_dir).mkdir(parents=True, exist_ok=True)
+            makedirs(to_path(self.log_dir))
             self._experiment = SummaryWriter(log_dir=self.log_dir)
         return self._experiment
 

@@ -1,0 +1,106 @@
+"""WandbLogger in offline mode (nothing leaves the machine): the run file it writes is read back record by record,
+and the model artifact it stages loads as a checkpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.helpers.boring import QUIET, BoringModel
+from tests.helpers.wandb_records import of_type, run_file
+from trainer import Trainer
+
+pytest.importorskip("wandb", reason="WandbLogger needs wandb: pip install -e '.[wandb]' (in .[dev])")
+from trainer.loggers import WandbLogger  # noqa: E402
+
+pytestmark = pytest.mark.timeout(180)
+FIT = {**QUIET, "max_epochs": 2, "limit_train_batches": 2, "limit_val_batches": 1, "num_sanity_val_steps": 0,
+       "log_every_n_steps": 1, "enable_checkpointing": True}
+
+
+@pytest.fixture(autouse=True)
+def _wandb_home(tmp_path, monkeypatch):
+    """wandb's caches, staging area and settings go to the test's folder, not the home directory."""
+    for name in ("WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / "wandb-home" / name.lower()))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_PROJECT", raising=False)
+
+
+class Logs(BoringModel):
+    def __init__(self, lr: float = 0.1, sizes: tuple[int, ...] = (4, 8)) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        loss = super().training_step(batch, batch_idx)
+        self.log("loss", loss)
+        return loss
+
+
+@pytest.fixture
+def fitted(tmp_path) -> tuple[Trainer, WandbLogger, Logs, Path]:
+    logger = WandbLogger(project="digits", name="first", save_dir=tmp_path / "runs", offline=True, log_model=True)
+    trainer = Trainer(**{**FIT, "logger": logger})
+    model = Logs()
+    trainer.fit(model)
+    return trainer, logger, model, run_file(tmp_path / "runs")
+
+
+def _history(path: Path, key: str) -> list[tuple[int, float]]:
+    rows = []
+    for row in of_type(path, "history"):
+        items = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in row.item}
+        if key in items:
+            rows.append((items["trainer/global_step"], items[key]))
+    return rows
+
+
+def test_run_name_project_and_id(fitted):
+    _, logger, _, path = fitted
+    (run,) = of_type(path, "run")
+    assert (run.run_id, run.project, run.display_name) == (logger.version, "digits", "first")
+
+
+def test_hyperparameters_go_to_the_config(fitted):
+    path = fitted[3]
+    updates = [*of_type(path, "config"), *(run.config for run in of_type(path, "run"))]  # either may carry them
+    config = {u.key: json.loads(u.value_json) for c in updates for u in c.update}
+    assert config["lr"] == 0.1 and config["sizes"] == [4, 8]
+
+
+def test_metrics_use_the_global_step_as_x_axis(fitted):
+    trainer, _, _, path = fitted
+    assert [step for step, _ in _history(path, "loss")] == [1, 2, 3, 4]
+    assert _history(path, "val_loss")[-1] == (4, pytest.approx(float(trainer.callback_metrics["val_loss"])))
+
+
+def test_the_checkpoint_is_a_model_artifact_that_loads(fitted):
+    trainer, logger, model, path = fitted
+    (artifact,) = of_type(path, "artifact")
+    assert (artifact.type, artifact.name, sorted(artifact.aliases)) == ("model", f"model-{logger.version}",
+                                                                        ["best", "latest"])
+    (entry,) = artifact.manifest.contents
+    assert entry.path == "model.ckpt"
+    loaded = Logs.load_from_checkpoint(entry.local_path)  # the copy wandb staged for `wandb sync`
+    assert torch.equal(loaded.layer.weight, model.layer.weight)
+    assert json.loads(artifact.metadata)["original_filename"] == "epoch=1-step=4.ckpt"
+
+
+def test_checkpoints_go_to_the_run_folder(fitted, tmp_path):
+    trainer, logger, _, _ = fitted
+    assert trainer.log_dir == str(tmp_path)  # W&B keeps its own layout: no log_dir
+    assert trainer.checkpoint_callback.dirpath == tmp_path / "runs" / "digits" / logger.version / "checkpoints"
+
+
+def test_files_are_copied_into_the_run(tmp_path):
+    logger = WandbLogger(project="files", save_dir=tmp_path, offline=True)
+    (tmp_path / "config.yaml").write_text("trainer: {}\n")
+    logger.log_artifact(str(tmp_path / "config.yaml"))
+    logger.finalize("success")
+    (copied,) = (tmp_path / "wandb").glob("offline-run-*/files/config.yaml")
+    assert copied.read_text() == "trainer: {}\n"
