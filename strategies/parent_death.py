@@ -15,7 +15,7 @@ pid with the launcher's right after the call. Elsewhere (no prctl), a daemon thr
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import os
 import signal
 import sys
@@ -31,12 +31,14 @@ _PR_SET_PDEATHSIG = 1
 POLL_S = 0.25  # the fallback watchdog's period: the rank ends within this much (plus scheduling) of its launcher
 
 
-def _load_prctl() -> Any:
+@functools.cache
+def _prctl() -> Any:
+    """libc's prctl, resolved once in the parent (the child between fork and exec must not load libraries); None
+    where there is none. `CDLL(None)` reads the symbols already loaded: no library search, no `ldconfig` run."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        prctl = libc.prctl
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
     prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
@@ -44,27 +46,24 @@ def _load_prctl() -> Any:
     return prctl
 
 
-# Resolved once, before any fork: the child between fork and exec must not load libraries.
-_PRCTL = _load_prctl()
-
-
 def pdeathsig_available() -> bool:
     """Whether the kernel can end this process with its parent (Linux prctl)."""
-    return _PRCTL is not None
+    return _prctl() is not None
 
 
-def _set_pdeathsig(sig: int) -> bool:
-    return _PRCTL is not None and _PRCTL(_PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0
+def _set_pdeathsig(sig: int, prctl: Any) -> bool:
+    return prctl is not None and prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0
 
 
 def child_preexec(parent_pid: int) -> Callable[[], None] | None:
     """A `subprocess.Popen(preexec_fn=...)` that makes the child die with `parent_pid` from its first instruction
     on (the setting survives exec); None where prctl is not available (the child then starts `die_with_parent`)."""
-    if _PRCTL is None:
+    prctl = _prctl()
+    if prctl is None:
         return None
 
     def preexec() -> None:  # runs in the forked child before exec: only the prctl call and two syscalls
-        _set_pdeathsig(signal.SIGKILL)
+        _set_pdeathsig(signal.SIGKILL, prctl)
         if os.getppid() != parent_pid:
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -90,7 +89,7 @@ def die_with_parent(parent_pid: int, use_prctl: bool = True) -> str:
 
 
 def _arm(parent_pid: int, use_prctl: bool) -> str:
-    if use_prctl and _set_pdeathsig(signal.SIGKILL):
+    if use_prctl and _set_pdeathsig(signal.SIGKILL, _prctl()):
         if os.getppid() != parent_pid:  # it died before the call: the kernel will not tell us any more
             os.kill(os.getpid(), signal.SIGKILL)
         return "prctl"

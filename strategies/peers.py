@@ -80,6 +80,9 @@ def _alive(peer: PeerIdentity) -> bool:
     return fields[0] != "Z" and (not peer.started or fields[19] == peer.started)
 
 
+_per_group: dict[str, Any] = {}  # the default process group the peers below belong to, and those peers
+
+
 class Peers:
     """The identities of every rank, and the group used to name the rank(s) that did not join after a timeout."""
 
@@ -91,7 +94,11 @@ class Peers:
 
     @classmethod
     def gather(cls, rank: int) -> Peers:
-        """Collective, at setup (every rank): share identities and create the check group."""
+        """Collective, at setup (every rank): share identities and create the check group. Once per process group:
+        a script that runs many fits on one group (each with a new Trainer) must not open a new gloo group each time."""
+        world = dist.group.WORLD
+        if _per_group.get("world") is world:
+            return _per_group["peers"]
         me = this_process(rank)
         table: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(table, me)
@@ -99,7 +106,9 @@ class Peers:
             group = dist.new_group(backend="gloo", timeout=timedelta(seconds=CHECK_S))
         except (RuntimeError, ValueError):  # no gloo in this build: ranks are still named after a lost connection
             group = None
-        return cls(me, table, group)
+        peers = cls(me, table, group)
+        _per_group.update(world=world, peers=peers)
+        return peers
 
     def is_local(self, rank: int) -> bool:
         peer = self.table[rank]
