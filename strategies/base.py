@@ -200,10 +200,11 @@ class Strategy(ABC):
         """Release what setup acquired."""
 
     # --- hang bound and failures (no-ops on one process) ------------------------------------------------
-    def bound_collectives(self, step_seconds: float | None) -> None:  # noqa: B027 (optional)
+    def bound_collectives(self, step_seconds: float | None) -> bool:
         """Training batches take `step_seconds` each (measured): bound how long a collective may wait for a rank that
         does not join (see strategies/collective_timeout.py). None: outside training, the process group's own timeout.
-        Called at agreements, not per step."""
+        Called at agreements, not per step. Returns whether this strategy's bound follows the step time at all."""
+        return False
 
     def diagnose_peer_failure(self, timed_out: bool) -> str | None:
         """After a collective failed because another rank died (`timed_out=False`) or did not join (True): a sentence

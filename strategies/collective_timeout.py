@@ -82,19 +82,20 @@ class CollectiveTimeout:
     def bound_for(self, step_s: float) -> float:
         return max(self.min_s, self.steps * step_s)
 
-    def apply(self, step_s: float | None) -> None:
-        """Bound the groups for training batches of `step_s` seconds; None restores their own timeout."""
+    def apply(self, step_s: float | None) -> bool:
+        """Bound the groups for training batches of `step_s` seconds; None restores their own timeout. Returns False
+        when the bound does not follow the step time (a fixed timeout, or no group)."""
         if self.fixed is not None or not self._groups:
-            return
+            return False
         target = None if step_s is None else self.bound_for(step_s)
-        if target is None and self.applied_s is None:
-            return
         applied = self.applied_s
-        if target is not None and applied is not None and abs(target - applied) <= _RETUNE * applied:
-            return
+        if target == applied or (target is not None and applied is not None
+                                 and abs(target - applied) <= _RETUNE * applied):
+            return True
         for group, own in self._groups:
             set_group_timeout(group, own if target is None else timedelta(seconds=target))
         self.applied_s, self.step_s = target, step_s
+        return True
 
     def current_seconds(self) -> float | None:
         """How long a collective issued now may wait (None: unknown, no group attached)."""

@@ -204,10 +204,10 @@ class DDPStrategy(Strategy):
             self.collective_timeout.attach(groups)
 
     # --- failures -----------------------------------------------------------------------------
-    def bound_collectives(self, step_seconds: float | None) -> None:
+    def bound_collectives(self, step_seconds: float | None) -> bool:
         """Training batches take `step_seconds` each: collectives may wait per the hang rule (None: outside training,
-        torch's default). No-op with a fixed `timeout`."""
-        self.collective_timeout.apply(step_seconds)
+        torch's default). False, and nothing done, with a fixed `timeout`."""
+        return self.collective_timeout.apply(step_seconds)
 
     def diagnose_peer_failure(self, timed_out: bool) -> str | None:
         return self._peers.diagnose(timed_out)

@@ -73,8 +73,10 @@ class ControlPlane:
             return
         self._depth += 1
         bounded = self._depth == 1 and self.clock.pause()
-        yield
-        self._depth -= 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
         if bounded:
             self._strategy.barrier("ranks in step again: the hang bound applies")
             self.clock.resume()

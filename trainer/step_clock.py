@@ -43,8 +43,7 @@ class StepClock:
             self.step_s = (now - self._mark[0]) / (batches - self._mark[1])
             self._window = min(self._window * 2, _MAX_WINDOW)
         if self.step_s is not None and (self._paused or self._mark is not None):
-            self._strategy.bound_collectives(self.step_s)
-            self._paused = False
+            self._paused = not self._strategy.bound_collectives(self.step_s)
         self._mark, self._next = (now, batches), batches + self._window
 
     def pause(self) -> bool:
@@ -60,5 +59,4 @@ class StepClock:
         """Back in steady training, every rank in step: the bound from the last measurement (once there is one)."""
         self._mark, self._next, self._window = None, 0, 1
         if self._strategy is not None and self._paused and self.step_s is not None:
-            self._strategy.bound_collectives(self.step_s)
-            self._paused = False
+            self._paused = not self._strategy.bound_collectives(self.step_s)

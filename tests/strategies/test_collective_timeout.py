@@ -60,11 +60,13 @@ def test_messages_say_where_the_bound_comes_from():
 
 
 class _Strategy:
-    def __init__(self) -> None:
+    def __init__(self, adapts: bool = True) -> None:
         self.calls: list[float | None] = []
+        self.adapts = adapts
 
-    def bound_collectives(self, step_s: float | None) -> None:
+    def bound_collectives(self, step_s: float | None) -> bool:
         self.calls.append(step_s)
+        return self.adapts
 
 
 def test_the_clock_measures_on_growing_windows_and_pauses(monkeypatch: pytest.MonkeyPatch):
@@ -84,6 +86,18 @@ def test_the_clock_measures_on_growing_windows_and_pauses(monkeypatch: pytest.Mo
     assert clock.pause() is False  # already paused: nothing to undo
     clock.resume()
     assert strategy.calls[-1] == 0.5  # the last measurement applies again at once
+
+
+def test_with_a_fixed_timeout_there_is_nothing_to_pause_or_resume(monkeypatch: pytest.MonkeyPatch):
+    now = [0.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    strategy, clock = _Strategy(adapts=False), StepClock()
+    clock.start(strategy)
+    for batch in range(4):
+        clock.agreed(batch)
+        now[0] += 1.0
+    assert clock.step_s == 1.0
+    assert clock.pause() is False  # so no barrier is needed on the way out of a save or an evaluation
 
 
 def test_the_clock_stays_silent_until_a_batch_was_measured():
