@@ -199,6 +199,25 @@ class Strategy(ABC):
     def teardown(self) -> None:  # noqa: B027 (the wrapped model is kept: save_checkpoint after fit needs it)
         """Release what setup acquired."""
 
+    # --- hang bound and failures (no-ops on one process) ------------------------------------------------
+    def bound_collectives(self, step_seconds: float | None) -> bool:
+        """Training batches take `step_seconds` each (measured): bound how long a collective may wait for a rank that
+        does not join (see strategies/collective_timeout.py). None: outside training, the process group's own timeout.
+        Called at agreements, not per step. Returns whether this strategy's bound follows the step time at all."""
+        return False
+
+    def diagnose_peer_failure(self, timed_out: bool) -> str | None:
+        """After a collective failed because another rank died (`timed_out=False`) or did not join (True): a sentence
+        naming that rank, or None. Runs on every rank that saw the failure; bounded in time."""
+        return None
+
+    def end_hung_peers(self) -> None:  # noqa: B027 (optional)
+        """After the failure was reported: end the ranks `diagnose_peer_failure` found hung on this machine."""
+
+    def describe_timeout(self) -> str:
+        """How long a collective issued now may wait for a missing rank, and why (for error messages)."""
+        return "the process group's timeout"
+
     # --- the step -----------------------------------------------------------------------------
     def step(self, method: str, *args: Any) -> Any:
         """Run `module.<method>(*args)` through the wrapper's forward."""

@@ -18,11 +18,15 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.nn.parallel.distributed import _find_tensors
 
 from strategies.base import NULL_CONTEXT, Strategy, _StepRouter
+from strategies.collective_timeout import CollectiveTimeout, torch_default_timeout
 from strategies.environment import ClusterEnvironment, detect_environment
 from strategies.exceptions import ConfigError
-from strategies.launchers import SpawnLauncher, SubprocessLauncher
+from strategies.launchers import SubprocessLauncher
+from strategies.parent_death import die_with_launcher_from_env
+from strategies.peer_failure import PeerFailures
 from strategies.precision import Precision
 from strategies.shutdown import shutdown_at_exit
+from strategies.spawn_launcher import SpawnLauncher
 
 T = TypeVar("T")
 _BACKENDS = ("nccl", "gloo", "mpi")
@@ -55,7 +59,11 @@ class DDPStrategy(Strategy):
             and num_nodes).
         precision: the Precision object; full fp32 when None.
         process_group_backend: `"nccl"` (default for CUDA), `"gloo"` (default for CPU) or `"mpi"`.
-        timeout: how long a collective waits for a missing rank (a `timedelta` or seconds).
+        timeout: how long every collective waits for a missing rank (a `timedelta` or seconds). None (the default):
+            the hang bound follows the run, see `min_timeout` and docs/reliability.md.
+        min_timeout: with `timeout=None`, collectives in training batches wait at most
+            max(min_timeout, timeout_steps x the measured batch time); torch's default elsewhere. Default 120 s.
+        timeout_steps: see `min_timeout`; default 20.
         start_method: `"subprocess"` re-runs the script per extra rank (`"ddp"`); `"spawn"` uses
             torch.multiprocessing (`"ddp_spawn"`); `"fork"` forks.
         find_unused_parameters: passed to DistributedDataParallel.
@@ -82,6 +90,8 @@ class DDPStrategy(Strategy):
         start_method: str = "subprocess",
         find_unused_parameters: bool = False,
         static_graph: bool = False,
+        min_timeout: timedelta | float | None = None,
+        timeout_steps: int | None = None,
         **ddp_kwargs: Any,
     ) -> None:
         super().__init__(precision)
@@ -99,8 +109,11 @@ class DDPStrategy(Strategy):
         if start_method not in ("subprocess", "spawn", "fork"):
             raise ConfigError(f"start_method={start_method!r} is not valid: use 'subprocess', 'spawn' or 'fork'.")
         self.process_group_backend = backend
-        self.timeout = timedelta(seconds=timeout) if isinstance(timeout, (int, float)) else timeout
+        self.collective_timeout = CollectiveTimeout(timeout, min_timeout, timeout_steps)
+        self.timeout = self.collective_timeout.fixed
         self.start_method = start_method
+        self._launcher: SubprocessLauncher | SpawnLauncher | None = None
+        self._peers = PeerFailures()
         self._ddp_kwargs = {"find_unused_parameters": find_unused_parameters, "static_graph": static_graph,
                             **ddp_kwargs}
         self.world_size = len(self.parallel_devices) * num_nodes
@@ -142,11 +155,14 @@ class DDPStrategy(Strategy):
     def launch(self, fn: Any, *args: Any) -> Any:
         env = self._environment()
         if env.external:
+            die_with_launcher_from_env()  # a rank our launcher started ends with it (no-op under torchrun, SLURM)
             return fn(*args)
         per_node = len(self.parallel_devices)
         if self.start_method == "subprocess":
-            return SubprocessLauncher(per_node).launch(fn, *args, env=env)
-        return SpawnLauncher(per_node, self.start_method).launch(fn, *args, env=env)
+            self._launcher = SubprocessLauncher(per_node)
+        else:
+            self._launcher = SpawnLauncher(per_node, self.start_method)
+        return self._launcher.launch(fn, *args, env=env)
 
     def setup_environment(self) -> None:
         env = self._environment()
@@ -179,6 +195,28 @@ class DDPStrategy(Strategy):
             # so it never waits for the GPU stream as an NCCL collective on a CUDA tensor would.
             timeout_kw: dict[str, Any] = {"timeout": self.timeout} if self.timeout is not None else {}
             self._control_group = dist.new_group(backend="gloo", **timeout_kw)
+        if not self._peers.ready and self.world_size > 1:
+            self._peers.gather(self.global_rank, self._launcher if isinstance(self._launcher, SubprocessLauncher)
+                               else None)
+            groups = [(dist.group.WORLD, self.timeout or torch_default_timeout(self.process_group_backend))]
+            if self._control_group is not None:
+                groups.append((self._control_group, self.timeout or torch_default_timeout("gloo")))
+            self.collective_timeout.attach(groups)
+
+    # --- failures -----------------------------------------------------------------------------
+    def bound_collectives(self, step_seconds: float | None) -> bool:
+        """Training batches take `step_seconds` each: collectives may wait per the hang rule (None: outside training,
+        torch's default). False, and nothing done, with a fixed `timeout`."""
+        return self.collective_timeout.apply(step_seconds)
+
+    def diagnose_peer_failure(self, timed_out: bool) -> str | None:
+        return self._peers.diagnose(timed_out)
+
+    def end_hung_peers(self) -> None:
+        self._peers.end_hung()
+
+    def describe_timeout(self) -> str:
+        return self.collective_timeout.describe()
 
     def _wrap(self, router: _StepRouter) -> torch.nn.Module:
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None

@@ -73,8 +73,8 @@ class ZeroStrategy(DDPStrategy):
         shard_modules: for stages 2 and 3, the module classes that become FSDP2 units.
         sharded_checkpoint: for stages 2 and 3, every rank writes its own shards into a checkpoint folder
             instead of rank 0 writing one full file.
-        **ddp_kwargs: `process_group_backend`, `timeout`, `start_method` as for DDPStrategy; for stage 1 also
-            DistributedDataParallel's options.
+        **ddp_kwargs: `process_group_backend`, `timeout`, `min_timeout`, `timeout_steps`, `start_method` as for
+            DDPStrategy; for stage 1 also DistributedDataParallel's options.
 
     Attributes:
         stage: the ZeRO stage, 1, 2 or 3.
@@ -97,7 +97,8 @@ class ZeroStrategy(DDPStrategy):
         if sharded_checkpoint and stage == 1:
             raise ConfigError("ZeroStrategy(sharded_checkpoint=True) needs stage 2 or 3 (FSDP2 sharded states).")
         self.sharded_checkpoint = sharded_checkpoint
-        unused = sorted(set(ddp_kwargs) - {"process_group_backend", "timeout", "start_method"})
+        unused = sorted(set(ddp_kwargs) - {"process_group_backend", "timeout", "min_timeout", "timeout_steps",
+                                           "start_method"})
         if stage in (2, 3) and unused:
             raise ConfigError(f"ZeroStrategy(stage={stage}) does not use DDP options {unused}; remove them.")
         super().__init__(devices=devices, num_nodes=num_nodes, precision=precision, **ddp_kwargs)

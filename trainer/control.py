@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from strategies.exceptions import DistributedDesyncError, TrainerError
+from trainer.step_clock import StepClock
 
 if TYPE_CHECKING:
     from trainer.preemption import StopSignals
@@ -50,11 +52,48 @@ class ControlPlane:
         self.stop_signal = 0  # agreed signal number to stop on after this batch; 0 = keep going
         self._strategy: Any = None
         self._rank, self._world = 0, 1
+        self._depth = 0  # nesting of outside_steps()
+        self.clock = StepClock()  # times training batches at the agreements: the hang bound follows the run
 
     def start(self, trainer: Trainer) -> None:
         self._strategy = trainer.strategy
         self._rank, self._world = trainer.global_rank, trainer.world_size
         self.stop_signal = 0
+        self._depth = 0
+        self.clock.start(trainer.strategy)
+
+    @contextmanager
+    def outside_steps(self) -> Iterator[None]:
+        """Around evaluation and checkpoint saves, where one rank may keep the others waiting for long (rank 0 writing
+        a file): collectives get the process group's own timeout. On the way out, if the hang bound was in force, the
+        ranks meet in one barrier (under that long timeout) and the bound applies again. Every rank enters it at the
+        same point; on an exception nothing runs on the way out (no collective in a failure path)."""
+        if self._world == 1:
+            yield
+            return
+        self._depth += 1
+        bounded = self._depth == 1 and self.clock.pause()
+        try:
+            yield
+        finally:
+            self._depth -= 1
+        if bounded:
+            self._strategy.barrier("ranks in step again: the hang bound applies")
+            self.clock.resume()
+
+    def epoch_ends(self) -> None:
+        """From the end of a training epoch to the start of the next (epoch-end hooks, new data loaders): the process
+        group's own timeout. `check_batch_counts` at the next epoch's start brings the ranks in step and the bound
+        back."""
+        if self._world > 1:
+            self.clock.pause()
+
+    def stop_signal_after_fit(self, trainer: Trainer) -> int:
+        """After the last training batch: a stop signal received since the last agreement (during the final
+        validation or epoch end), agreed by every rank; 0 when none. One collective per fit."""
+        if self._world == 1:
+            return self.signals.received
+        return self._strategy.agree([self.signals.received])[0]
 
     # --- once per step ------------------------------------------------------------------------------
     def after_training_step(self, trainer: Trainer, loss: Tensor | None, is_last: bool, can_skip: bool) -> bool:
@@ -90,6 +129,7 @@ class ControlPlane:
             flags[_TIME_UP] = me
         agreed = self._strategy.agree(flags)
         schedule.time_up_agreed = schedule.time_up_agreed or bool(agreed[_TIME_UP])  # max_time: on every rank at once
+        self.clock.agreed(trainer._progress.total_batches)
         if agreed[_KEYS] != -agreed[_NEG_KEYS]:
             self._raise_key_mismatch(pending, "training_step")
         if agreed[_NONFINITE]:
@@ -122,6 +162,7 @@ class ControlPlane:
         n = -1 if count == math.inf else int(count)
         agreed = self._strategy.agree([n, -n])
         if agreed[0] == -agreed[1]:
+            self.clock.resume()  # every rank is here, in step: the hang bound applies again
             return
         counts = self._strategy.all_gather_object(n)  # every rank saw the mismatch: a lock-step collective
         shown = ", ".join(f"rank {r}: {'unknown' if c < 0 else c}" for r, c in enumerate(counts))

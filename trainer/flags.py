@@ -59,6 +59,7 @@ class RunSpec:
     detect_anomaly: bool
     terminate_on_nan: bool
     agree_every_n_steps: int
+    checkpoint_on_interrupt: bool
 
 
 def _check_int(name: str, value: Any, minimum: int, extra: str = "") -> int:
@@ -167,6 +168,7 @@ def parse_flags(
     detect_anomaly: bool = False,
     terminate_on_nan: bool = False,
     agree_every_n_steps: int = 1,
+    checkpoint_on_interrupt: bool = False,
     hardware: Hardware | None = None,
 ) -> RunSpec:
     """Validate and resolve Trainer flags. Raises ConfigError naming the flag and accepted values.
@@ -221,6 +223,8 @@ def parse_flags(
         raise ConfigError(f"gradient_clip_algorithm={gradient_clip_algorithm!r} is not valid: use 'norm' or 'value'.")
     _check_int("log_every_n_steps", log_every_n_steps, 1)
     _check_int("agree_every_n_steps", agree_every_n_steps, 1)
+    if not isinstance(checkpoint_on_interrupt, bool):
+        raise ConfigError(f"checkpoint_on_interrupt={checkpoint_on_interrupt!r} is not valid: use True or False.")
     if deterministic not in (True, False, "warn"):
         raise ConfigError(f"deterministic={deterministic!r} is not valid: use True, False or 'warn'.")
 
@@ -246,4 +250,5 @@ def parse_flags(
         enable_progress_bar=bool(enable_progress_bar), enable_model_summary=bool(enable_model_summary),
         use_distributed_sampler=bool(use_distributed_sampler), detect_anomaly=bool(detect_anomaly),
         terminate_on_nan=bool(terminate_on_nan), agree_every_n_steps=agree_every_n_steps,
+        checkpoint_on_interrupt=checkpoint_on_interrupt,
     )

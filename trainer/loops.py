@@ -160,7 +160,8 @@ def run_train_epoch(trainer: Trainer) -> None:
 def _validate_during_fit(trainer: Trainer) -> None:
     trainer._progress.val_started = True
     trainer._position.validation_started(capture_rng_state())
-    run_evaluation(trainer, RunningStage.VALIDATING)
+    with trainer._control.outside_steps():  # no step bound on collectives during validation
+        run_evaluation(trainer, RunningStage.VALIDATING)
     trainer._position.validation_finished()
     trainer._results = trainer._train_results
     trainer.state.stage = RunningStage.TRAINING
@@ -173,6 +174,7 @@ def _train_epoch_end(trainer: Trainer, complete: bool) -> None:
     stops inside it, so that a resume continuing that epoch steps them once, at its real end.
     """
     results, p, metrics = trainer._train_results, trainer._progress, trainer._metrics
+    trainer._control.epoch_ends()  # epoch-end hooks and the next epoch's data loaders: no step bound
     trainer._results = results
     metrics.epoch_end(results.epoch_end("training epoch end"), p.global_step, p.current_epoch)
     call_hook(trainer, "on_train_epoch_end")
@@ -207,6 +209,9 @@ def run_fit(trainer: Trainer) -> None:
     call_hook(trainer, "on_train_start")
     while not trainer._schedule.fit_done():
         run_train_epoch(trainer)
+    late_signal = trainer._control.stop_signal_after_fit(trainer)  # e.g. Ctrl-C during the final validation
+    if late_signal:
+        preemption.stop_and_exit(trainer, late_signal)
     call_hook(trainer, "on_train_end")
 
 

@@ -1,9 +1,12 @@
-"""Graceful stop on SIGTERM (and on SIGUSR1 under SLURM, which then requeues the job).
+"""Graceful stop on SIGTERM, on Ctrl-C (SIGINT), and on SIGUSR1 under SLURM (which then requeues the job).
 
 The signal handler only records the signal: no I/O, no collective, no allocation worth the name
 (design rule 1 of docs/reliability.md). The ranks learn of it through the step agreement
-(trainer/control.py), stop together after the same batch, save one checkpoint together, and exit
-with 128 + the signal number (143 for SIGTERM), so that a restart with ckpt_path="last" resumes exactly.
+(trainer/control.py), stop together after the same batch, save one checkpoint together (after Ctrl-C only with
+`Trainer(checkpoint_on_interrupt=True)`), and exit with 128 + the signal number (143 for SIGTERM, 130 for Ctrl-C),
+so that code after fit() does not run as if training had finished and a restart with ckpt_path="last" resumes
+exactly. A second Ctrl-C more than a second after the first stops at once (KeyboardInterrupt, then exit 130): a
+terminal delivers one Ctrl-C to every process of its group, and a launcher may forward it once more.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -22,24 +26,42 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 STOP_CHECKPOINT_NAME = "last.ckpt"
+SECOND_INTERRUPT_AFTER_S = 1.0  # a Ctrl-C this long after the first one stops at once
+
+
+class Interrupted(KeyboardInterrupt):
+    """Every rank stopped after the same batch on Ctrl-C; callbacks' on_exception see a KeyboardInterrupt, then the
+    process exits with 130."""
 
 
 class StopSignals:
-    """Records SIGTERM (and SIGUSR1 when running under SLURM) while fit() runs."""
+    """Records SIGTERM, SIGINT (when Python's default Ctrl-C handler is in place) and SIGUSR1 (under SLURM) while
+    fit() runs."""
 
     def __init__(self) -> None:
-        self.received = 0  # the last signal number received; 0 = none
+        self.received = 0  # the signal to stop on; SIGTERM / SIGUSR1 take precedence over SIGINT; 0 = none
         self._previous: dict[int, Any] = {}
+        self._first_interrupt: float | None = None
 
     def install(self) -> None:
-        self.received = 0
+        self.received, self._first_interrupt = 0, None
         if threading.current_thread() is not threading.main_thread():
             return  # Python delivers signals to the main thread only; a fit() elsewhere cannot catch them
         wanted = [signal.SIGTERM] + ([signal.SIGUSR1] if os.environ.get("SLURM_JOB_ID") else [])
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # a handler of the user's stays theirs
+            wanted.append(signal.SIGINT)
         for sig in wanted:
             self._previous[sig] = signal.signal(sig, self._record)
 
     def _record(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT:
+            now = time.monotonic()
+            if self._first_interrupt is None:
+                self._first_interrupt = now
+            elif now - self._first_interrupt > SECOND_INTERRUPT_AFTER_S:
+                raise KeyboardInterrupt  # a second Ctrl-C: stop at once, as Python would
+            if self.received:
+                return  # a SIGTERM stop (which saves) is already on its way
         self.received = signum
 
     def restore(self) -> None:
@@ -58,15 +80,22 @@ def stop_checkpoint_path(trainer: Trainer) -> AnyPath:
 
 def stop_and_exit(trainer: Trainer, signum: int) -> NoReturn:
     """Called on every rank at the same step boundary: save together, requeue under SLURM, exit."""
+    interrupted = signum == signal.SIGINT
+    name = "SIGINT (Ctrl-C)" if interrupted else signal.Signals(signum).name
+    stopped = (f"[rank {trainer.global_rank}] {name} received: stopped after global step {trainer.global_step} "
+               f"(epoch {trainer.current_epoch})")
+    if interrupted and not trainer._spec.checkpoint_on_interrupt:
+        _say(f"{stopped}; no checkpoint saved (Trainer(checkpoint_on_interrupt=True) saves one).")
+        raise Interrupted(f"{name} received")
     path = stop_checkpoint_path(trainer)
     trainer.save_checkpoint(path)  # collective: every rank is here, after the same batch
     if trainer.checkpoint_callback is not None:
         trainer.checkpoint_callback.last_model_path = str(path)
-    name = signal.Signals(signum).name
-    _say(f"[rank {trainer.global_rank}] {name} received: stopped after global step {trainer.global_step} "
-         f"(epoch {trainer.current_epoch}) and saved {path}; resume with ckpt_path='last'.")
+    _say(f"{stopped} and saved {path}; resume with ckpt_path='last'.")
     if signum == getattr(signal, "SIGUSR1", None) and trainer.is_global_zero:
         requeue_slurm_job()
+    if interrupted:
+        raise Interrupted(f"{name} received")
     raise SystemExit(128 + signum)
 
 

@@ -90,6 +90,7 @@ class Trainer(TrainerProperties):
         profiler: Any = None,
         terminate_on_nan: bool = False,
         agree_every_n_steps: int = 1,
+        checkpoint_on_interrupt: bool = False,
     ) -> None:
         self._spec = spec = parse_flags(
             accelerator=accelerator, devices=devices, gpus=gpus, num_nodes=num_nodes, strategy=strategy,
@@ -104,6 +105,7 @@ class Trainer(TrainerProperties):
             enable_progress_bar=enable_progress_bar, enable_model_summary=enable_model_summary,
             use_distributed_sampler=use_distributed_sampler, detect_anomaly=detect_anomaly,
             terminate_on_nan=terminate_on_nan, agree_every_n_steps=agree_every_n_steps,
+            checkpoint_on_interrupt=checkpoint_on_interrupt,
         )
         if profiler is not None:
             raise ConfigError("profiler is not supported yet; pass profiler=None (use torch.profiler directly).")
@@ -182,11 +184,12 @@ class Trainer(TrainerProperties):
         """Save a checkpoint. Call it on every rank: the strategy decides who writes."""
         if self._module is None:
             raise MisconfigurationError("save_checkpoint() needs a model: call it during or after fit().")
-        checkpoint = ckpt.dump_checkpoint(self)
-        if weights_only:
-            for key in ("optimizer_states", "lr_schedulers", "callbacks", "rng"):
-                checkpoint.pop(key, None)
-        self.strategy.save_checkpoint(checkpoint, filepath)
+        with self._control.outside_steps():  # rank 0 may write for long while the others wait: no step bound
+            checkpoint = ckpt.dump_checkpoint(self)
+            if weights_only:
+                for key in ("optimizer_states", "lr_schedulers", "callbacks", "rng"):
+                    checkpoint.pop(key, None)
+            self.strategy.save_checkpoint(checkpoint, filepath)
 
     # --- the run ------------------------------------------------------------------------------------
     def _launch(self, fn: TrainerFn, model: Any, datamodule: Any, loaders: dict[str, Any],
@@ -227,8 +230,8 @@ class Trainer(TrainerProperties):
             self.state.status = TrainerStatus.INTERRUPTED
             clearer = self._report_failure(exc)
             call_hook(self, "on_exception", exc)
-            if isinstance(exc, KeyboardInterrupt):
-                return None
+            if isinstance(exc, KeyboardInterrupt):  # Ctrl-C: teardown runs, and code after fit() does not
+                raise SystemExit(failure.INTERRUPTED_EXIT_CODE) from None
             if clearer is not None:
                 raise clearer from exc
             raise
@@ -236,11 +239,18 @@ class Trainer(TrainerProperties):
             self._teardown(stage)
 
     def _report_failure(self, exc: BaseException) -> BaseException | None:
-        """With several ranks: print the root cause rank-prefixed, first; name a lost or hung peer clearly."""
-        if self.world_size == 1 or isinstance(exc, (SystemExit, KeyboardInterrupt)):
+        """Print the root cause rank-prefixed, first; name a lost or hung peer; say why a rank leaves early."""
+        if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+            failure.report_early_exit(exc, self)
             return None
-        clearer = failure.peer_failure(exc, self.global_rank)
+        if self.world_size == 1:
+            return None
+        kind = failure.classify(exc)
+        finding = self.strategy.diagnose_peer_failure(kind == "timeout") if kind else None
+        clearer = failure.peer_failure(exc, self.global_rank, finding, self.strategy.describe_timeout())
         failure.report(clearer if clearer is not None else exc, self.global_rank)
+        if kind:
+            self.strategy.end_hung_peers()
         return clearer
 
     def _agree_logger_versions(self) -> None:

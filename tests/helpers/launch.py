@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 LAUNCH_TIMEOUT_S = 75.0  # one 2-rank launch takes 10-20 s on 2 busy cores; pytest-timeout is the outer bound
 _RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR",
-              "MASTER_PORT", "TRAIN_RANKS_FAIL")
+              "MASTER_PORT", "TRAIN_RANKS_FAIL", "TRAINER_LAUNCHER_PID")
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -41,6 +41,7 @@ class Finished:
     output: str
     seconds: float  # from the start of the launch until every process had exited
     ended_at: float  # wall clock (time.time()) when every process had exited
+    all_gone_at: float = 0.0  # wall clock when no process of the launch (nor any that ran the script) was left
 
 
 def _alive(pid: int) -> bool:
@@ -105,13 +106,13 @@ def _describe(pid: int) -> str:
 
 
 def _survivors(pids: list[int], pgids: set[int] | None = None, grace_s: float = 3.0) -> list[int]:
-    """The processes among `pids` and in the groups `pgids` still alive after `grace_s`."""
+    """The processes among `pids` and in the groups `pgids` still alive after `grace_s` (returns as soon as none is)."""
     deadline = time.monotonic() + grace_s
     while True:
         left = sorted(({pid for pid in pids if _alive(pid)} | _group_members(pgids or set())) - {os.getpid()})
         if not left or time.monotonic() > deadline:
             return left
-        time.sleep(0.1)
+        time.sleep(0.05)
 
 
 def _kill_everything(procs: list[subprocess.Popen], out: Path) -> None:
@@ -171,6 +172,7 @@ def launch(commands: list[tuple[list[str], dict[str, str]]], out: Path, timeout:
         # Before any clean-up kill: a rank that outlived its launcher (e.g. a child of our own launcher, which
         # stays in the launcher's process group, or a torchrun worker, which ran the script) is a bug.
         survivors = [] if timed_out else _survivors(_recorded_pids(out), {proc.pid for proc in procs}, grace_s)
+        all_gone_at = time.time()
         survivors_text = "\n".join(_describe(pid) for pid in survivors)
     except BaseException:
         for log in logs:
@@ -181,7 +183,7 @@ def launch(commands: list[tuple[list[str], dict[str, str]]], out: Path, timeout:
     results = []
     for proc, log in zip(procs, logs, strict=True):
         log.seek(0)
-        results.append(Finished(proc.returncode, log.read(), seconds, ended_at))
+        results.append(Finished(proc.returncode, log.read(), seconds, ended_at, all_gone_at))
         log.close()
     if timed_out:
         still = "\n".join(hung_text) or "(none left: they ended while the launch was being stopped)"

@@ -19,62 +19,23 @@ import torch
 
 from strategies.checkpoint_io import safe_load
 from strategies.distributed import find_free_port
-from tests.helpers.launch import REPO, TORCHRUN, Finished, clean_env, launch
+from tests.helpers.faults import (
+    BOUND_S,
+    SCRIPT,
+    STEPS,
+    assert_equal_weights,
+    assert_root_cause_first,
+    final_weights,
+    run,
+    seconds_after_fault,
+)
+from tests.helpers.launch import Finished, clean_env, launch
 
 pytestmark = [pytest.mark.distributed,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to find survivors")]
 
-SCRIPT = REPO / "tests" / "scripts" / "faults.py"
 FULL = os.environ.get("RELIABILITY_FULL") == "1"  # opt-in: the fault cases over every strategy (docs/reliability.md)
 STRATEGIES = ["ddp", "ddp_spawn", "zero1", "zero2", "zero3"] if FULL else ["ddp"]
-BOUND_S = 15.0  # fault -> every rank exited (RELIABILITY.md target figures)
-STEPS = 8  # 64 samples, batch 8, 2 ranks -> 4 steps per epoch, 2 epochs
-
-
-def run(out: Path, *args: str, launcher: str = "own", timeout: float = 75, **env: str) -> Finished:
-    """Run the fault script once (2 ranks) and return the single launch result."""
-    script = [str(SCRIPT), "--out", str(out), *args]
-    if launcher == "torchrun":
-        cmd = [*TORCHRUN, "--standalone", "--nproc_per_node", "2", *env.pop("_torchrun_args", "").split(), *script]
-        environment = clean_env(**env)
-        # torchrun sets MASTER_ADDR for its workers; one inherited from outside made the workers of a restart
-        # (--max-restarts) dial the failed attempt's gloo address on torch 2.14.1 (see docs/reliability.md).
-        environment.pop("MASTER_ADDR")
-    else:
-        cmd = [sys.executable, *script]
-        environment = clean_env(MASTER_PORT=str(find_free_port()), **env)
-    (res,) = launch([(cmd, environment)], out, timeout=timeout)
-    return res
-
-
-def seconds_after_fault(out: Path, res: Finished) -> float:
-    return res.ended_at - float((out / "fired_at.txt").read_text())
-
-
-def final_weights(out: Path) -> dict[str, torch.Tensor]:
-    return safe_load(out / "rank0.pt")["state_dict"]  # may hold DTensors (zero2/3): the product's loader copes
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
-    """The uninterrupted run every resumed run must match bit for bit."""
-    out = tmp_path_factory.mktemp("reference")
-    res = run(out, "--ckpt-every", "1")
-    assert res.returncode == 0, res.output[-4000:]
-    return final_weights(out)
-
-
-def assert_equal_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
-    assert got.keys() == want.keys()
-    for key in want:
-        assert torch.equal(got[key], want[key]), f"{key} differs from the uninterrupted run"
-
-
-def assert_root_cause_first(output: str, cause: str) -> None:
-    assert cause in output, output[-6000:]
-    noise = [output.find(m) for m in ("Connection closed", "Connection reset", "DistributedDesyncError")]
-    first_noise = min((i for i in noise if i >= 0), default=len(output))
-    assert output.find(cause) < first_noise, f"the root cause is not shown first:\n{output[-6000:]}"
 
 
 @pytest.mark.timeout(120)

@@ -1,0 +1,163 @@
+"""`strategy="ddp_spawn"`: every local rank is a torch.multiprocessing child of the process that called fit().
+
+The launching process is not a rank: it forwards SIGTERM and SIGINT to the ranks (so `kill <pid>` or Ctrl-C stops
+them together, as a preemption does), reports a rank killed by a signal as soon as it sees it, ends the others a few
+seconds after a failure (torch's own join gives them 30 s after SIGTERM, which a hung rank ignores), and ends with the
+ranks' own exit code when they stopped in order (143 after SIGTERM, 130 after Ctrl-C). The ranks die with it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch.multiprocessing as mp
+
+from strategies.distributed import find_free_port
+from strategies.environment import ClusterEnvironment
+from strategies.launchers import GRACEFUL_EXIT_CODES, _rank_env, describe_exit, say
+from strategies.parent_death import LAUNCHER_PID_VAR, die_with_parent
+
+_FAILURE_GRACE_S = 3.0  # after a rank failed, the others may report their own errors this long, then are killed
+_STOP_GRACE_S = 60.0  # after a rank stopped in order (SIGTERM, Ctrl-C), the others finish the same stop
+
+
+def _spawn_entry(local_rank: int, payload: bytes, env_vars: list[dict[str, str]], queue: Any) -> None:
+    os.environ.update(env_vars[local_rank])
+    die_with_parent(int(env_vars[local_rank][LAUNCHER_PID_VAR]))  # torch's own parent-death signal is SIGINT
+    fn, args = pickle.loads(payload)
+    try:
+        result = fn(*args)  # the run ends with a barrier: every rank is past its last collective here
+    except SystemExit as stop:
+        if stop.code in GRACEFUL_EXIT_CODES:  # stopped on a signal, together with the others
+            _exit_now(int(stop.code))  # type: ignore[arg-type]
+        raise
+    if local_rank == 0:
+        # Plain pickle bytes: tensors travel by value, so nothing depends on this process staying alive.
+        queue.put(pickle.dumps(result))
+    _exit_now(0)
+
+
+def _exit_now(code: int) -> None:
+    """End a spawned rank that finished in order without interpreter finalization, which a gloo worker thread can
+    turn into SIGABRT after a successful run (see strategies/shutdown.py). It only ever ran our function."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+@contextmanager
+def _forward_signals(processes: list[Any]) -> Iterator[None]:
+    """While the ranks run, SIGTERM / SIGINT sent to this process go to every rank (signals are only ever set on
+    the main thread; elsewhere nothing is forwarded)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum: int, frame: Any) -> None:
+        for process in processes:
+            if process.exitcode is None and process.pid is not None:
+                try:
+                    os.kill(process.pid, signum)
+                except ProcessLookupError:
+                    pass
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _rank_error(context: Any, index: int) -> Exception:
+    """torch's exception for a failed rank: its traceback when it raised, else how it ended."""
+    process = context.processes[index]
+    error_file = context.error_files[index]
+    if os.access(error_file, os.R_OK):
+        with open(error_file, "rb") as f:
+            trace = pickle.load(f)
+        return mp.ProcessRaisedException(f"\n\n-- Process {index} terminated with the following error:\n{trace}",
+                                         index, process.pid)
+    code = process.exitcode
+    name = signal.Signals(-code).name if code < 0 and -code in signal.valid_signals() else None
+    return mp.ProcessExitedException(f"process {index} {describe_exit(code)}", error_index=index,
+                                     error_pid=process.pid, exit_code=code, signal_name=name)
+
+
+class SpawnLauncher:
+    """Start every local rank with torch.multiprocessing (spawn); rank 0's return value comes back.
+
+    Everything passed to the ranks is pickled, so the model, callbacks and data must be picklable
+    (defined at module level). The return value travels back as pickle bytes from our own rank 0.
+    """
+
+    def __init__(self, processes_per_node: int, start_method: str = "spawn") -> None:
+        self.processes_per_node = processes_per_node
+        self.start_method = start_method
+
+    def launch(self, fn: Callable[..., Any], *args: Any, env: ClusterEnvironment) -> Any:
+        port = env.master_port or find_free_port()
+        env_vars = [_rank_env(env, port, r, self.processes_per_node) for r in range(self.processes_per_node)]
+        for item in env_vars:
+            item[LAUNCHER_PID_VAR] = str(os.getpid())
+            if "OMP_NUM_THREADS" not in os.environ:
+                item["OMP_NUM_THREADS"] = "1"
+        queue = mp.get_context(self.start_method).SimpleQueue()
+        # Plain pickle bytes, not torch's shared-memory reductions: each rank must get its own copy of
+        # the parameters, or every rank's optimizer step would land on the same memory.
+        payload = pickle.dumps((fn, args))
+        context = mp.start_processes(_spawn_entry, args=(payload, env_vars, queue),
+                                     nprocs=self.processes_per_node, start_method=self.start_method, join=False)
+        with _forward_signals(context.processes):
+            data = self._wait(context, queue)
+        return None if data is None else pickle.loads(data)
+
+    def _wait(self, context: Any, queue: Any) -> bytes | None:
+        """Wait for every rank (draining rank 0's result, or a large one would block its exit); after a failure give
+        the others `_FAILURE_GRACE_S` to end, then kill them."""
+        processes = context.processes
+        data, first, since = None, None, 0.0
+        while True:
+            if data is None and not queue.empty():
+                data = queue.get()
+            codes = [p.exitcode for p in processes]
+            if all(code is not None for code in codes):
+                break
+            if first is None:
+                first = next((i for i, code in enumerate(codes) if code not in (None, 0)), None)
+                if first is not None:
+                    since = time.monotonic()
+                    if codes[first] < 0:  # killed: nobody else can say so (a rank that raised printed its error)
+                        say(f"rank {first} {describe_exit(codes[first])}; stopping every rank.")
+            if first is not None:
+                grace = _STOP_GRACE_S if codes[first] in GRACEFUL_EXIT_CODES else _FAILURE_GRACE_S
+                if time.monotonic() - since > grace:
+                    for process in processes:
+                        if process.exitcode is None:
+                            process.kill()
+            alive = [p.sentinel for p in processes if p.exitcode is None]
+            multiprocessing.connection.wait(alive, timeout=0.1)
+        if data is None and not queue.empty():
+            data = queue.get()
+        for process in processes:
+            process.join()
+        codes = [p.exitcode for p in processes]
+        if all(code == 0 for code in codes):
+            return data
+        stopped = {code for code in codes if code != 0}
+        if len(stopped) == 1 and stopped <= GRACEFUL_EXIT_CODES:
+            raise SystemExit(stopped.pop())  # every rank stopped in order: this process ends as they did
+        failed = [i for i, code in enumerate(codes) if code != 0]
+        order = ([first] if first is not None else []) + failed
+        # The first rank that raised carries the root cause (a killed rank was announced above when seen).
+        index = next((i for i in order if os.access(context.error_files[i], os.R_OK)), order[0])
+        raise _rank_error(context, index)
