@@ -134,7 +134,6 @@ class Strategy(ABC):
         self._module: nn.Module | None = None
         self._model: nn.Module | None = None
         self._step: Callable[..., Any] = self._not_set_up
-        self._control_group: Any = None  # None: the default process group
 
     # --- registry -----------------------------------------------------------------------------
     @classmethod  # noqa: B027 (optional for user-defined strategies)
@@ -305,7 +304,7 @@ class Strategy(ABC):
     def agree(self, values: list[int]) -> list[int]:
         """Element-wise MAX of small integer flags over all ranks, on a CPU-capable group (the control plane
         of trainer/control.py: it must not wait on the GPU stream). Identity with one process."""
-        return distributed.all_reduce_max_ints(values, self._control_group)
+        return distributed.all_reduce_max_ints(values)
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """Agree on a decision: all=True means every rank must say yes; all=False means any rank may."""

@@ -45,8 +45,8 @@ _NULL_CONTEXT = nullcontext()  # reusable: one per step would be wasted work
 class Precision:
     """'32-true': full float32, no autocast. Subclasses override only what differs.
 
-    `param_dtype` is the dtype parameters are computed in (None: as stored, float32); ZeroStrategy reads it
-    to build FSDP2's MixedPrecisionPolicy.
+    `param_dtype` is the dtype parameters are computed in (None: as stored, float32). A sharding strategy
+    asks `fsdp_policy()` for FSDP2's MixedPrecisionPolicy instead of reading the precision's name.
     """
 
     name: str = "32-true"
@@ -63,6 +63,13 @@ class Precision:
     def convert_input(self, batch: Any) -> Any:
         """Cast floating-point inputs for *-true precisions; identity here."""
         return batch
+
+    def fsdp_policy(self) -> Any:
+        """FSDP2's `MixedPrecisionPolicy` for this precision: torch's default here (parameters gathered and
+        gradients reduced in their stored dtype; *-true precisions cast the parameters before sharding)."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy  # heavy: imported only by a sharding strategy
+
+        return MixedPrecisionPolicy()
 
     def backward(self, loss: Tensor) -> None:
         loss.backward()
@@ -137,6 +144,12 @@ class MixedPrecision(Precision):
     def forward_context(self) -> AbstractContextManager:
         # A fresh object per step: autocast state is thread-local, and DP runs steps in several threads.
         return torch.autocast(self.device_type, dtype=self.param_dtype)
+
+    def fsdp_policy(self) -> Any:
+        """FSDP2 gathers the parameters in the autocast dtype and reduces gradients in fp32 (autocast still runs)."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        return MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=torch.float32)
 
     def backward(self, loss: Tensor) -> None:
         (self._scaler.scale(loss) if self._scaler is not None else loss).backward()

@@ -134,6 +134,14 @@ def test_unknown_precision_lists_the_valid_ones(flag: Any):
         precision_from_flag(flag)
 
 
+@pytest.mark.parametrize(("flag", "param_dtype", "reduce_dtype"), [
+    ("32-true", None, None), ("bf16-mixed", torch.bfloat16, torch.float32), ("bf16-true", None, None),
+])
+def test_precision_gives_fsdp_its_mixed_precision_policy(flag: str, param_dtype: Any, reduce_dtype: Any):
+    policy = precision_from_flag(flag).fsdp_policy()
+    assert (policy.param_dtype, policy.reduce_dtype) == (param_dtype, reduce_dtype)
+
+
 def test_only_16_mixed_gets_a_scaler():
     names = ("32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-true")
     assert [n for n in names if getattr(precision_from_flag(n), "scaler", None) is not None] == ["16-mixed"]
