@@ -49,7 +49,7 @@ class LearningRateMonitor(Callback):
         return "step" if intervals == {"step"} else "epoch"
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: TrainModule, batch: Any, batch_idx: int) -> None:
-        if self._interval(trainer) == "step" and (trainer._progress.total_batches + 1) % trainer.log_every_n_steps == 0:
+        if self._interval(trainer) == "step" and (trainer.total_batches + 1) % trainer.log_every_n_steps == 0:
             self._log(trainer)
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
