@@ -18,7 +18,7 @@ from torch.optim import Optimizer
 
 from strategies import checkpoint_io, distributed
 from strategies.exceptions import CheckpointSaveError
-from strategies.precision import Precision
+from strategies.precision import CANONICAL_PRECISIONS, Precision
 
 T = TypeVar("T")
 ReduceOp = Literal["mean", "sum", "max", "min"]
@@ -152,7 +152,7 @@ class Strategy(ABC):
 
     def supported_precisions(self) -> tuple[str, ...]:
         """Canonical precision names this strategy can run; checked by `validate_precision`."""
-        return ("32-true", "64-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true")
+        return CANONICAL_PRECISIONS
 
     # --- topology -----------------------------------------------------------------------------
     @property

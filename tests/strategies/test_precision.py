@@ -18,13 +18,15 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
 from callbacks import Callback
-from strategies import SingleDeviceStrategy
+from strategies import SingleDeviceStrategy, Strategy
 from strategies.exceptions import ConfigError
 from strategies.precision import (
+    PRECISIONS,
     DoublePrecision,
     HalfPrecision,
     MixedPrecision,
     Precision,
+    canonical_precision,
     precision_from_flag,
 )
 from tests.helpers.boring import QUIET, regression_data
@@ -427,3 +429,11 @@ def test_on_before_optimizer_step_sees_unscaled_gradients_under_16_mixed():
     for precision, spy in spies.items():
         _fit(precision, callbacks=[spy], limit_train_batches=1)
     assert math.isclose(spies["16-mixed"].norms[0], spies["32-true"].norms[0], rel_tol=1e-2)
+
+
+def test_one_table_holds_every_precision_and_its_spellings():
+    """A precision is one entry of PRECISIONS: its spellings resolve to it, it builds, and strategies accept it."""
+    for name, entry in PRECISIONS.items():
+        assert {canonical_precision(spelling) for spelling in (name, *entry.spellings)} == {name}
+        assert precision_from_flag(name).name == name
+    assert Strategy.supported_precisions(SingleDeviceStrategy()) == tuple(PRECISIONS)
