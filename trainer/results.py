@@ -110,7 +110,7 @@ class _Entry:
 class ResultCollection:
     """What one loop (train, validate, test) logged. The Trainer keeps one per stage."""
 
-    def __init__(self, reduce: Callable[[Tensor, str], Tensor],
+    def __init__(self, reduce: Callable[[Tensor, Any], Tensor],
                  check_keys: Callable[[list[str], str], None] | None = None) -> None:
         self._reduce = reduce
         self._check_keys = check_keys  # control plane: every rank reduces the same names (trainer/control.py)
