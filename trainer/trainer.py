@@ -95,7 +95,7 @@ class Trainer(TrainerProperties):
         agree_every_n_steps: int = 1,
         checkpoint_on_interrupt: bool = False,
     ) -> None:
-        self._spec = spec = parse_flags(
+        spec = parse_flags(
             accelerator=accelerator, devices=devices, gpus=gpus, num_nodes=num_nodes, strategy=strategy,
             precision=precision, max_epochs=max_epochs, min_epochs=min_epochs, max_steps=max_steps,
             max_time=max_time, limit_train_batches=limit_train_batches, limit_val_batches=limit_val_batches,
@@ -203,12 +203,12 @@ class Trainer(TrainerProperties):
             loop.control.start(self.strategy)
             loop.train_results.defer_sync = self.world_size > 1
             self._agree_logger_versions()
-            enable_determinism(self._spec.deterministic)
+            enable_determinism(loop.spec.deterministic)
             if self.datamodule is not None:
                 self.datamodule.prepare_data()
                 self.datamodule.setup(stage)
             call_hook(loop, "setup", stage)
-            loop.loaders.resolve(self._spec, self.strategy, model, self.datamodule, fn, loaders)
+            loop.loaders.resolve(loop.spec, self.strategy, model, self.datamodule, fn, loaders)
             self.strategy.setup_module(model)
             path = resolve_ckpt_path(self, ckpt_path)
             checkpoint = ckpt.load_checkpoint_file(self.strategy, path) if path else None
@@ -319,7 +319,7 @@ class Trainer(TrainerProperties):
         loop.metrics.watch(loop.train_results)
         call_hook(loop, "on_fit_start")
         self._signals.install()  # restored in _teardown
-        with torch.autograd.set_detect_anomaly(self._spec.detect_anomaly):
+        with torch.autograd.set_detect_anomaly(loop.spec.detect_anomaly):
             loops.run_fit(loop)
         self.state.status = TrainerStatus.FINISHED
         call_hook(loop, "on_fit_end")
