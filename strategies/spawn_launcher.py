@@ -38,7 +38,7 @@ def _spawn_entry(local_rank: int, payload: bytes, env_vars: list[dict[str, str]]
         result = fn(*args)  # the run ends with a barrier: every rank is past its last collective here
     except SystemExit as stop:
         if stop.code in GRACEFUL_EXIT_CODES:  # stopped on a signal, together with the others
-            _exit_now(int(stop.code))  # type: ignore[arg-type]
+            _exit_now(int(stop.code))
         raise
     if local_rank == 0:
         # Plain pickle bytes: tensors travel by value, so nothing depends on this process staying alive.

@@ -94,7 +94,7 @@ class _Sources:
     """The config files and the command line, in merge order, to tell which one set a key."""
 
     def __init__(self) -> None:
-        self.items: list[tuple[str, dict[str, Any]]] = []
+        self.items: list[tuple[str, Any]] = []  # (source, its plain container), walked by `origin`
 
     def origin(self, key: str) -> str:
         """The last source that defines `key` (it wins the merge), else every source."""

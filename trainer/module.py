@@ -71,10 +71,10 @@ class TrainModule(DataHooks, nn.Module):
     @property
     def device(self) -> torch.device:
         """The device of the module's first parameter (or buffer); CPU for a module without any."""
-        for tensor in self.parameters():
-            return tensor.device
-        for tensor in self.buffers():
-            return tensor.device
+        for param in self.parameters():
+            return param.device
+        for buffer in self.buffers():
+            return buffer.device
         return torch.device("cpu")
 
     @property

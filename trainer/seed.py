@@ -68,9 +68,12 @@ def capture_rng_state() -> dict[str, Any]:
     try:
         import numpy as np
 
-        kind, keys, pos, has_gauss, gauss = np.random.get_state()
-        state["numpy"] = {"kind": str(kind), "keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos),
-                          "has_gauss": int(has_gauss), "gauss": float(gauss)}
+        # The dict form: the legacy tuple is typed as "tuple or dict" (a dict for non-MT19937 generators).
+        np_state = np.random.get_state(legacy=False)
+        mt = np_state["state"]
+        state["numpy"] = {"kind": str(np_state["bit_generator"]), "keys": torch.from_numpy(mt["key"].astype("int64")),
+                          "pos": int(mt["pos"]), "has_gauss": int(np_state["has_gauss"]),
+                          "gauss": float(np_state["gauss"])}
     except ImportError:
         pass
     if torch.cuda.is_available() and torch.cuda.is_initialized():

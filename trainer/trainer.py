@@ -211,8 +211,9 @@ class Trainer(TrainerProperties):
             loop.loaders.resolve(loop.spec, self.strategy, model, self.datamodule, fn, loaders)
             self.strategy.setup_module(model)
             path = resolve_ckpt_path(self, ckpt_path)
-            checkpoint = ckpt.load_checkpoint_file(self.strategy, path) if path else None
-            if checkpoint is not None:
+            checkpoint = None
+            if path:
+                checkpoint = ckpt.load_checkpoint_file(self.strategy, path)
                 ckpt.restore_module(self.strategy, checkpoint, path)
                 model.on_load_checkpoint(checkpoint)
             if fn == TrainerFn.FITTING:
