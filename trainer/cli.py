@@ -276,6 +276,24 @@ class _Builder:
 
 def _check_sections(config: dict[str, Any], sources: _Sources, builder: _Builder) -> None:
     """Everything that can be checked without building an object: sections, keys, types, imports."""
+    _check_layout(config, sources)
+    trainer_cfg = config.get("trainer") or {}
+    if not isinstance(trainer_cfg, dict):
+        raise sources.error("trainer", f"must be a mapping of Trainer arguments, got {trainer_cfg!r}")
+    builder.check_kwargs(Trainer, trainer_cfg, "trainer")
+    if "logger" in trainer_cfg and config.get("logger") is not None:
+        raise sources.error("logger", "given twice, here and as trainer.logger; keep one")
+    _check_run_options(config, sources)
+    for key, value in (("callbacks", config.get("callbacks")), ("trainer.callbacks", trainer_cfg.get("callbacks")),
+                       ("logger", config.get("logger")), ("trainer.logger", trainer_cfg.get("logger"))):
+        _check_spec_list(value, key, sources, allow_bool=key.endswith("logger"))
+    for section in ("model", "data", "callbacks", "logger"):
+        builder.check(config.get(section), section)
+    builder.check(trainer_cfg, "trainer")
+
+
+def _check_layout(config: dict[str, Any], sources: _Sources) -> None:
+    """Only known sections; a model, and a model and data that name their class."""
     for section in config:
         if section not in SECTIONS:
             raise sources.error(str(section), f"unknown section '{section}'{_did_you_mean(str(section), SECTIONS)}"
@@ -286,24 +304,16 @@ def _check_sections(config: dict[str, Any], sources: _Sources, builder: _Builder
     for section in ("model", "data"):
         if section in config and config[section] is not None and not _is_spec(config[section]):
             raise sources.error(section, "must name a class with class_path (and init_args) or _target_")
-    trainer_cfg = config.get("trainer") or {}
-    if not isinstance(trainer_cfg, dict):
-        raise sources.error("trainer", f"must be a mapping of Trainer arguments, got {trainer_cfg!r}")
-    builder.check_kwargs(Trainer, trainer_cfg, "trainer")
-    if "logger" in trainer_cfg and config.get("logger") is not None:
-        raise sources.error("logger", "given twice, here and as trainer.logger; keep one")
+
+
+def _check_run_options(config: dict[str, Any], sources: _Sources) -> None:
+    """The top-level options of the run itself: `seed_everything` and `ckpt_path`."""
     seed = config.get("seed_everything")
     if seed is not None and not (isinstance(seed, bool) or (isinstance(seed, int) and seed >= 0)):
         raise sources.error("seed_everything", f"expected a non-negative int, true or null, got {seed!r}")
     ckpt_path = config.get("ckpt_path")
     if ckpt_path is not None and not isinstance(ckpt_path, str):
         raise sources.error("ckpt_path", f"expected a path or 'last', got {ckpt_path!r}")
-    for key, value in (("callbacks", config.get("callbacks")), ("trainer.callbacks", trainer_cfg.get("callbacks")),
-                       ("logger", config.get("logger")), ("trainer.logger", trainer_cfg.get("logger"))):
-        _check_spec_list(value, key, sources, allow_bool=key.endswith("logger"))
-    for section in ("model", "data", "callbacks", "logger"):
-        builder.check(config.get(section), section)
-    builder.check(trainer_cfg, "trainer")
 
 
 def _check_spec_list(value: Any, key: str, sources: _Sources, allow_bool: bool) -> None:

@@ -135,7 +135,7 @@ def _check_strategy_precision(strategy: Strategy, precision: str) -> None:
         )
 
 
-def parse_flags(
+def parse_flags(  # noqa: C901  # one check per flag until the single flag table (issue 19) replaces it
     *,
     accelerator: str = "auto",
     devices: Any = "auto",
