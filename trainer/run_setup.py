@@ -15,6 +15,7 @@ from trainer import data
 from trainer.flags import RunSpec
 from trainer.loggers.base import run_folder
 from trainer.sampling import prepare_loader
+from trainer.seed import seed_workers_of
 from trainer.state import TrainerFn
 
 if TYPE_CHECKING:
@@ -93,6 +94,8 @@ class StageLoaders:
         def prepare(stage: str, training: bool) -> tuple[list[Any], list[int | float]]:
             loaders = data.resolve_loaders(stage, given.get(stage), datamodule, module)
             loaders = [prepare_loader(dl, sampler_kwargs, training) for dl in loaders]
+            for loader in loaders:
+                seed_workers_of(loader, strategy.global_rank)
             limit = getattr(spec, f"limit_{stage}_batches")
             return loaders, [data.limit_batches(stage, data.loader_length(dl), limit) for dl in loaders]
 
