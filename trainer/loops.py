@@ -66,7 +66,7 @@ def _detached(out: Any, loss: Tensor | None) -> Any:
 def train_one_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> Any:
     """Automatic optimization: forward, backward, and (at the end of an accumulation window) step."""
     s, accumulate = loop.strategy, loop.spec.accumulate_grad_batches
-    is_last_micro = is_last or (batch_idx + 1) % accumulate == 0
+    is_last_micro = loop.schedule.window_ends(batch_idx, is_last)
     with s.no_backward_sync(not is_last_micro):  # wraps forward and backward
         out = loop.run_step("training_step", batch, batch_idx)
         loss = loss_from(out)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from torch.optim import Optimizer
 
     from trainer.fit_state import FitState
+    from trainer.metrics import MetricsRouter
     from trainer.optim import SchedulerConfig
 
 
@@ -70,6 +71,12 @@ class TrainerProperties:
     def current_epoch(self) -> int:
         """The current epoch, counted from 0; after fit, the number of epochs run."""
         return self.fit_state.progress.current_epoch
+
+    @property
+    def metrics_router(self) -> MetricsRouter:
+        """Where logged values go, and the owner of the `log_every_n_steps` cadence: a callback that measures
+        values itself (as `LearningRateMonitor` does) asks it when to log and sends them through it."""
+        return self.fit_state.metrics
 
     @property
     def callback_metrics(self) -> dict[str, torch.Tensor]:

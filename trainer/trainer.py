@@ -118,7 +118,8 @@ class Trainer(TrainerProperties):
         self.callbacks = build_callbacks(callbacks, spec)
         self.datamodule: Any = None
         self._signals = StopSignals()
-        progress, metrics = Progress(), MetricsRouter(spec.log_every_n_steps)
+        progress = Progress()
+        metrics = MetricsRouter(spec.log_every_n_steps, progress)
         metrics.loggers = self.loggers
         control = ControlPlane(spec.agree_every_n_steps, spec.terminate_on_nan or spec.detect_anomaly, self._signals)
         train_results = ResultCollection(self.strategy.all_reduce, control.check_sync_keys)
