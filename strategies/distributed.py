@@ -7,7 +7,6 @@ current process's rank so that printing and file I/O can be gated without a Trai
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import socket
 import warnings
@@ -16,8 +15,6 @@ from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
-
-log = logging.getLogger("trainer")
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -112,11 +112,6 @@ def name(path: AnyPath) -> str:
     return path.name if isinstance(path, Path) else path.rstrip("/").rpartition("/")[2]
 
 
-def stem(path: AnyPath) -> str:
-    """The last component without its suffix."""
-    return posixpath.splitext(name(path))[0]
-
-
 def makedirs(path: AnyPath) -> None:
     """Create the folder and its parents if needed (object stores have no folders: nothing to do there)."""
     if isinstance(path, Path):

@@ -1,6 +1,5 @@
-"""Dataloaders: resolve them (arguments > datamodule > module hooks), apply limit_*_batches, inject a
-DistributedSampler when the strategy asks for one, call set_epoch, and iterate with a one-batch
-look-ahead so the loop knows which batch is the last."""
+"""Dataloaders: resolve them (arguments > datamodule > module hooks), apply limit_*_batches, call
+set_epoch, and iterate telling the loop which batch is the last (samplers: trainer/sampling.py)."""
 
 from __future__ import annotations
 
@@ -14,10 +13,6 @@ _HOOKS = {"train": "train_dataloader", "val": "val_dataloader", "test": "test_da
           "predict": "predict_dataloader"}
 _LIMIT_FLAGS = {"train": "limit_train_batches", "val": "limit_val_batches", "test": "limit_test_batches",
                 "predict": "limit_predict_batches"}
-# The plain DataLoader arguments we carry over when re-building a loader around a new sampler.
-_LOADER_ARGS = ("batch_size", "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout",
-                "worker_init_fn", "multiprocessing_context", "generator", "prefetch_factor",
-                "persistent_workers", "pin_memory_device", "in_order")
 
 
 def resolve_loaders(stage: str, given: Any, datamodule: Any, module: Any) -> list[Iterable]:

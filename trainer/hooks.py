@@ -127,7 +127,6 @@ def _callback_call(callback: Any, name: str, trainer: Trainer) -> Callable[..., 
     def call(*args: Any, **kwargs: Any) -> Any:
         return method(trainer, trainer.lightning_module, *args, **kwargs)
 
-    call._is_callback = True  # type: ignore[attr-defined]
     return call
 
 
