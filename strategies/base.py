@@ -172,7 +172,7 @@ class Strategy(ABC):
 
     def setup_environment(self) -> None:
         """Prepare this process (process group, device, rank-zero gating)."""
-        distributed.rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
+        distributed.rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]  # a function attribute
 
     def setup_module(self, module: nn.Module) -> None:
         """Move the module to the device, apply precision, and build the wrapped step router."""
@@ -263,7 +263,8 @@ class Strategy(ABC):
         params = [p for group in optimizer.param_groups for p in group["params"]]
         if max_norm is not None:
             return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
-        torch.nn.utils.clip_grad_value_(params, max_value)  # type: ignore[arg-type]
+        if max_value is not None:
+            torch.nn.utils.clip_grad_value_(params, max_value)
         return None
 
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None) -> bool:

@@ -120,7 +120,11 @@ class Zero1Strategy(ZeroStrategy, DDPStrategy):
 
     def optimizer_state_dict(self, optimizer: Optimizer) -> dict[str, Any]:
         # `optimizer` is one setup_optimizers built; collective, and only rank 0 gets the full state
-        optimizer.consolidate_state_dict(to=0)  # type: ignore[attr-defined]
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        if not isinstance(optimizer, ZeroRedundancyOptimizer):
+            raise TypeError(f"ZeRO-1 saves the optimizers its setup_optimizers built, not {type(optimizer).__name__}")
+        optimizer.consolidate_state_dict(to=0)
         return optimizer.state_dict() if self.is_global_zero else {}
 
 

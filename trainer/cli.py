@@ -20,7 +20,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from omegaconf import OmegaConf
@@ -152,7 +152,8 @@ def _load(paths: list[str], overrides: list[str], sources: _Sources) -> Any:
 def _resolve(cfg: Any, sources: _Sources) -> dict[str, Any]:
     """Interpolations (`${trainer.max_epochs}`, `${oc.env:VAR,default}`) become plain values."""
     try:
-        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+        # A mapping: every file's top level was checked to be one (OmegaConf types the result as any container).
+        return cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
     except InterpolationResolutionError as exc:
         key = str(exc.full_key or "")
         raise sources.error(key, f"cannot resolve interpolation: {str(exc).splitlines()[0]}") from None

@@ -4,7 +4,7 @@ set_epoch, and iterate telling the loop which batch is the last (samplers: train
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
 from strategies.exceptions import ConfigError, MisconfigurationError
@@ -39,8 +39,8 @@ def resolve_loaders(stage: str, given: Any, datamodule: Any, module: Any) -> lis
 def loader_length(loader: Iterable) -> int | float:
     """Number of batches, or inf when the loader has no length."""
     try:
-        return len(loader)  # type: ignore[arg-type]
-    except TypeError:
+        return len(loader) if isinstance(loader, Sized) else math.inf
+    except TypeError:  # a DataLoader over an IterableDataset without a length
         return math.inf
 
 

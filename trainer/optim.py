@@ -130,7 +130,7 @@ class SchedulerStepper:
             if count % config.frequency:
                 continue
             if config.needs_metric:
-                value = metrics.get(config.monitor)  # type: ignore[arg-type]
+                value = metrics.get(config.monitor) if config.monitor else None  # set: checked when configured
                 if value is None:
                     if config.strict:
                         raise MisconfigurationError(

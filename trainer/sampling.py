@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
 import torch
@@ -106,7 +106,9 @@ class ResumableSampler(Sampler[int]):
         return itertools.islice(iter(indices), skip, None)
 
     def __len__(self) -> int:
-        return len(self.inner)  # type: ignore[arg-type]
+        if not isinstance(self.inner, Sized):  # torch's Sampler declares no length; the samplers we wrap have one
+            raise TypeError(f"{type(self.inner).__name__} has no length")
+        return len(self.inner)
 
     def set_epoch(self, epoch: int) -> None:
         """Called at every epoch start, before any replay is armed: a replay never leaks into the next epoch."""
