@@ -354,7 +354,7 @@ def _seed(config: dict[str, Any]) -> None:
         seed = int(os.environ.get(SEED_ENV) or random.randrange(2**31))
         config["seed_everything"] = seed
     if seed is not None and seed is not False:
-        seed_everything(seed)
+        seed_everything(seed, workers=True)  # as LightningCLI does: the DataLoader workers are seeded too
 
 
 # --- entry points ----------------------------------------------------------------------------------
