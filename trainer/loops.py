@@ -127,7 +127,9 @@ def run_train_epoch(trainer: Trainer) -> None:
         _validate_during_fit(trainer)  # the save came before the validation due after that batch
     runs_out, sampler, stopped = data.runs_out(loader, trainer.num_training_batches), resumable_sampler(loader), False
     position.before_fetch(sampler)
+    last_seen = False
     for batch_idx, batch, is_last in data.iterate(iterator, trainer.num_training_batches, start):
+        last_seen = is_last
         position.set(Phase.BATCH_STARTED)
         progress.val_started = False
         batch = s.batch_to_device(batch)
@@ -151,6 +153,11 @@ def run_train_epoch(trainer: Trainer) -> None:
             stopped = not is_last
             break
         position.before_fetch(sampler)
+    else:
+        if not last_seen and trainer.num_training_batches > start:  # the data ended before the announced last batch
+            control.ran_dry(trainer)
+            if control.stop_signal:
+                preemption.stop_and_exit(trainer, control.stop_signal)
     if stopped:  # the fit ends inside this epoch: checkpoints from here on continue it (trainer/position.py)
         resume.freeze_at_stop(trainer)
     progress.epoch_finished = True
@@ -238,12 +245,16 @@ def run_evaluation(trainer: Trainer, stage: RunningStage) -> list[dict[str, floa
         for dl_idx, (loader, limit) in enumerate(zip(loaders, limits, strict=True)):
             results.key_suffix = f"/dataloader_idx_{dl_idx}" if many else ""
             extra = (dl_idx,) if many else ()
+            results.uneven_counts = counts = trainer._control.eval_batch_counts(limit)
             for batch_idx, batch, _ in data.iterate(loader, limit):
                 batch = s.batch_to_device(batch)
                 results.set_batch(batch)
                 call_hook(trainer, f"on_{prefix}_batch_start", batch, batch_idx, *extra)
                 out = trainer._run_step(f"{prefix}_step", batch, batch_idx, *extra)
                 call_hook(trainer, f"on_{prefix}_batch_end", out, batch, batch_idx, *extra)
+            if counts is not None:  # no per-step reduction ran: every rank learns here whether one was asked for
+                refused, results.uneven_counts, results.refused_step_sync = results.refused_step_sync, None, []
+                trainer._control.check_step_sync(refused, counts, prefix)
     results.key_suffix = ""
     metrics = _eval_epoch_end(trainer, results, stage, prefix)
     if stage == RunningStage.VALIDATING:

@@ -116,6 +116,10 @@ class ResultCollection:
         self._check_keys = check_keys  # control plane: every rank reduces the same names (trainer/control.py)
         self.defer_sync = False  # training_step's sync_dist step values wait for the step agreement
         self._pending_sync: list[_Entry] = []
+        # Set while an evaluation loader has different batch counts across ranks (trainer/control.py): per-step
+        # sync_dist values are then not reduced but recorded, and every rank raises after the loader.
+        self.uneven_counts: list[int] | None = None
+        self.refused_step_sync: list[str] = []
         self.entries: dict[str, _Entry] = {}
         self.current_fx: str | None = None
         self.key_suffix = ""
@@ -176,7 +180,10 @@ class ResultCollection:
                 return
             value = self._as_tensor(name, value)
             if step:
-                if sync_dist and self.defer_sync and fx == "training_step":
+                if sync_dist and self.uneven_counts is not None:
+                    entry.step_value = value
+                    self.refused_step_sync.append(name)
+                elif sync_dist and self.defer_sync and fx == "training_step":
                     entry.step_value = value
                     self._pending_sync.append(entry)
                 else:
@@ -282,6 +289,7 @@ class ResultCollection:
                 entry.metric.reset()
         self.entries.clear()
         self._pending_sync.clear()
+        self.refused_step_sync.clear()
 
 
 def to_python(metrics: Mapping[str, Any]) -> dict[str, float]:

@@ -1,4 +1,6 @@
-"""BI-11: uneven data across ranks is a clear DistributedDesyncError on every rank, never a hang."""
+"""BI-11, BI-13: uneven data across ranks is a clear DistributedDesyncError on every rank, never a hang or a gloo
+abort: per-rank batch counts that differ, an IterableDataset that runs out (or is empty) on one rank, a sampler whose
+__len__ overstates what it yields, and a per-step sync_dist in an evaluation whose shards are uneven."""
 
 from __future__ import annotations
 
@@ -40,11 +42,42 @@ class RankSizedStream(IterableDataset):
         return iter(data[: 5 if self.rank == 0 else 4])
 
 
-def _fit_and_report(rank: int, kind: str) -> str:
+class EmptyStream(IterableDataset):
+    """An IterableDataset that yields 4 samples on rank 0 and nothing at all on rank 1."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(RandomDataset(32, 64).data[: 0 if self.rank == 1 else 4])
+
+
+class OverstatingSampler(Sampler[int]):
+    """Says 20 indices (5 batches of 4) but yields 16 on the ranks in `short`."""
+
+    def __init__(self, rank: int, short: tuple[int, ...]) -> None:
+        self.count = 16 if rank in short else 20
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.count))
+
+    def __len__(self) -> int:
+        return 20
+
+
+def _loader(rank: int, kind: str) -> DataLoader:
     if kind == "sampler":
-        loader = DataLoader(RandomDataset(32, 64), batch_size=4, sampler=RankSizedSampler(rank))
-    else:
-        loader = DataLoader(RankSizedStream(rank), batch_size=1)
+        return DataLoader(RandomDataset(32, 64), batch_size=4, sampler=RankSizedSampler(rank))
+    if kind == "empty":
+        return DataLoader(EmptyStream(rank), batch_size=1)
+    if kind in ("overstating", "overstating everywhere"):
+        short = (1,) if kind == "overstating" else (0, 1)
+        return DataLoader(RandomDataset(32, 64), batch_size=4, sampler=OverstatingSampler(rank, short))
+    return DataLoader(RankSizedStream(rank), batch_size=1)
+
+
+def _fit_and_report(rank: int, kind: str) -> str:
+    loader = _loader(rank, kind)
     trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, logger=False,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                       use_distributed_sampler=False, num_sanity_val_steps=0, limit_val_batches=0)
@@ -69,3 +102,58 @@ def test_iterable_dataset_of_unequal_lengths_fails_where_one_rank_runs_out():
     for message in messages:
         assert "rank 1 ran out of training data at batch 3" in message and "rank 0 has more" in message, message
         assert message.endswith("steps=3"), message
+
+
+@pytest.mark.timeout(90)
+def test_iterable_dataset_empty_on_one_rank_fails_at_the_first_step():
+    messages = run_distributed(_fit_and_report, "empty", timeout=60)
+    for message in messages:
+        assert message.startswith("rank 1 has no training batch 0 of epoch 0: its data ended after 0 batch(es)"), \
+            message
+        assert "but rank 0 has that batch" in message and message.endswith("steps=0"), message
+
+
+@pytest.mark.timeout(90)
+def test_sampler_whose_len_overstates_fails_where_it_runs_short():
+    messages = run_distributed(_fit_and_report, "overstating", timeout=60)
+    for message in messages:
+        assert message.startswith("rank 1 has no training batch 4 of epoch 0: its data ended after 4 batch(es)"), \
+            message
+        assert "a sampler whose __len__ overstates" in message and message.endswith("steps=4"), message
+
+
+@pytest.mark.timeout(90)
+def test_samplers_that_overstate_alike_on_every_rank_end_the_epoch_together():
+    """Every rank's data ends at the same batch: a shorter epoch, as a plain loop over the loader would have."""
+    assert run_distributed(_fit_and_report, "overstating everywhere", timeout=60) == ["no error | steps=4"] * 2
+
+
+class StepSyncedValidation(BoringModel):
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        self.log("val_step_loss", self(batch).sum(), on_step=True, on_epoch=False, sync_dist=True)
+
+
+def _validate_uneven(rank: int, limit: int | float) -> str:
+    trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, limit_val_batches=limit)
+    try:  # 7 samples, batch size 1, sharded without padding: rank 0 has 4 batches, rank 1 has 3
+        trainer.validate(StepSyncedValidation(), DataLoader(RandomDataset(32, 7), batch_size=1))
+    except DistributedDesyncError as err:
+        return str(err)
+    return "no error"
+
+
+@pytest.mark.timeout(90)
+def test_per_step_sync_dist_in_uneven_validation_fails_on_every_rank_naming_the_fix():
+    messages = run_distributed(_validate_uneven, 1.0, timeout=60)
+    for message in messages:
+        assert message.startswith("'val_step_loss' logged with sync_dist=True and on_step=True in validation, but "
+                                  "the ranks have different numbers of validation batches (rank 0: 4, rank 1: 3)"), \
+            message
+        assert "Log it with on_step=False" in message and "limit_val_batches=3" in message, message
+
+
+@pytest.mark.timeout(90)
+def test_per_step_sync_dist_in_even_validation_runs():
+    """With limit_val_batches=3 every rank has 3 batches: the per-step reductions pair up and validation ends."""
+    assert run_distributed(_validate_uneven, 3, timeout=60) == ["no error"] * 2
