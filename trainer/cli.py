@@ -132,7 +132,7 @@ def _read_text(path: str) -> str:
         column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
         raise CLIError(
             f"{path}: not UTF-8 text: byte 0x{raw[exc.start]:02x} at line {line}, column {column}; save the config "
-            "as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
+            "as UTF-8 (e.g. with iconv -f latin1 -t utf-8)"
         ) from None
 
 
@@ -152,7 +152,7 @@ def _load_file(path: str) -> Any:
     if cfg is None or not OmegaConf.is_dict(cfg):
         raise CLIError(
             f"{path}: the top level is {type(top).__name__} {top!r}, but a config must be a mapping of sections "
-            f"({', '.join(SECTIONS)}), e.g. `model: {{class_path: package.module.Class}}`"
+            f"({', '.join(SECTIONS)}), e.g. model: {{class_path: package.module.Class}}"
         )
     return cfg
 
