@@ -26,6 +26,7 @@ from trainer.step_clock import StepClock
 
 if TYPE_CHECKING:
     from trainer.preemption import StopSignals
+    from trainer.results import ResultCollection
     from trainer.trainer import Trainer
 
 # Slots of the step agreement vector. _DRY: this rank's data ended before this batch (it has no batch here).
@@ -202,33 +203,35 @@ class ControlPlane:
         )
 
     def eval_batch_counts(self, count: int | float) -> list[int] | None:
-        """Before each evaluation loader: None when every rank has the same number of batches (always with one
-        process), else each rank's count (-1: no length). Evaluation shards without padding, so the counts may
-        differ; that is fine as long as nothing is reduced per step (see `check_step_sync`). One collective."""
+        """Before each evaluation loader: None when every rank has the same known number of batches (always with
+        one process), else each rank's count (-1: no length). Evaluation shards without padding, so the counts may
+        differ; the steps that not every rank has are then joined by all (`reduce_eval_step`). One collective."""
         if self._world == 1:
             return None
         n = -1 if count == math.inf else int(count)
         agreed = self._strategy.agree([n, -n])
-        return None if agreed[0] == -agreed[1] else self._strategy.all_gather_object(n)
+        return None if agreed[0] == -agreed[1] >= 0 else self._strategy.all_gather_object(n)
 
-    def check_step_sync(self, refused: list[str], counts: list[int], stage: str) -> None:
-        """After an evaluation loader whose ranks had different batch counts: if any rank logged a value with
-        sync_dist=True per step (not reduced: its peers may have finished), every rank raises here, together."""
-        if not self._strategy.agree([int(bool(refused))])[0]:
-            return
-        names = sorted(set().union(*self._strategy.all_gather_object(sorted(set(refused)))))
-        shown = ", ".join(f"rank {r}: {'unknown' if c < 0 else c}" for r, c in enumerate(counts))
-        known = [c for c in counts if c >= 0]
-        limit = f"limit_{'val' if stage == 'validation' else stage}_batches"
-        evenly = f"{limit}={min(known)}" if known else f"{limit}=<an int>"
-        raise DistributedDesyncError(
-            f"{', '.join(repr(n) for n in names)} logged with sync_dist=True and on_step=True in {stage}, but the "
-            f"ranks have different numbers of {stage} batches ({shown}). Evaluation shards the data without padding, "
-            "so that every sample counts exactly once; a reduction at every step would leave the ranks with more "
-            "batches waiting for one that has finished. Log it with on_step=False (the epoch value is reduced once, "
-            f"over every sample), or give every rank the same number of batches ({evenly}, or a dataset size "
-            "divisible by world size x batch size)."
-        )
+    def reduce_eval_step(self, results: ResultCollection, more: bool = False) -> bool:
+        """A round of an evaluation whose ranks may have different numbers of steps: every rank joins, a rank that
+        has run out with nothing to add. The per-step sync_dist values logged since the last round are reduced over
+        the ranks that logged them (a mean over the ranks that have the step: no padded duplicate counts). `more`:
+        this rank has a step after this one. Returns whether any rank has. One small all-reduce; the values travel
+        only when some rank logged one."""
+        pending = results.take_pending_sync()
+        logged, more_anywhere = self._strategy.agree([int(bool(pending)), int(more)])
+        if logged:
+            sent = [(e.name, e.step_value.detach().cpu()) for e in pending if e.step_value is not None]
+            values: dict[str, list[Tensor]] = {}
+            for per_rank in self._strategy.all_gather_object(sent):
+                for name, value in per_rank:
+                    values.setdefault(name, []).append(value)
+            for entry in pending:
+                if entry.step_value is not None:
+                    stacked = torch.stack(values[entry.name])
+                    reduced = stacked.mean() if entry.reduce_fx == "mean" else getattr(stacked, entry.reduce_fx)()
+                    entry.step_value = reduced.to(entry.step_value.device)
+        return bool(more_anywhere)
 
     def check_sync_keys(self, keys: list[str], where: str) -> None:
         """Before reducing epoch metrics with sync_dist: every rank must reduce the same names, in order."""

@@ -116,10 +116,9 @@ class ResultCollection:
         self._check_keys = check_keys  # control plane: every rank reduces the same names (trainer/control.py)
         self.defer_sync = False  # training_step's sync_dist step values wait for the step agreement
         self._pending_sync: list[_Entry] = []
-        # Set while an evaluation loader has different batch counts across ranks (trainer/control.py): per-step
-        # sync_dist values are then not reduced but recorded, and every rank raises after the loader.
-        self.uneven_counts: list[int] | None = None
-        self.refused_step_sync: list[str] = []
+        # Evaluation shards may hold different batch counts (trainer/control.py): in the steps not every rank may
+        # have, per-step sync_dist values wait for a reduction that every rank joins.
+        self.defer_eval_sync = False
         self.entries: dict[str, _Entry] = {}
         self.current_fx: str | None = None
         self.key_suffix = ""
@@ -180,10 +179,7 @@ class ResultCollection:
                 return
             value = self._as_tensor(name, value)
             if step:
-                if sync_dist and self.uneven_counts is not None:
-                    entry.step_value = value
-                    self.refused_step_sync.append(name)
-                elif sync_dist and self.defer_sync and fx == "training_step":
+                if sync_dist and (self.defer_eval_sync or (self.defer_sync and fx == "training_step")):
                     entry.step_value = value
                     self._pending_sync.append(entry)
                 else:
@@ -231,6 +227,11 @@ class ResultCollection:
     def pending_sync_keys(self) -> list[str]:
         """Names of the sync_dist step values logged in this training_step, not reduced yet."""
         return [entry.name for entry in self._pending_sync]
+
+    def take_pending_sync(self) -> list[_Entry]:
+        """The deferred sync_dist step entries, for a caller that reduces them itself; the list is emptied."""
+        pending, self._pending_sync = self._pending_sync, []
+        return pending
 
     def flush_sync(self) -> None:
         """Reduce the deferred sync_dist step values (after the ranks agreed on their names)."""
@@ -289,7 +290,6 @@ class ResultCollection:
                 entry.metric.reset()
         self.entries.clear()
         self._pending_sync.clear()
-        self.refused_step_sync.clear()
 
 
 def to_python(metrics: Mapping[str, Any]) -> dict[str, float]:

@@ -5,6 +5,7 @@ __len__ overstates what it yields, and a per-step sync_dist in an evaluation who
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -129,31 +130,55 @@ def test_samplers_that_overstate_alike_on_every_rank_end_the_epoch_together():
 
 
 class StepSyncedValidation(BoringModel):
+    """Logs a per-step synced value and records what it became after each batch (eval step values are not in
+    callback_metrics, so the record reads the running results)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[float] = []
+
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         self.log("val_step_loss", self(batch).sum(), on_step=True, on_epoch=False, sync_dist=True)
 
+    def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.seen.append(float(self.trainer._results.step_metrics("callback")["val_step_loss"]))
 
-def _validate_uneven(rank: int, limit: int | float) -> str:
+
+def _validate_uneven(rank: int, kind: str) -> Any:
     trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_progress_bar=False,
-                      enable_model_summary=False, limit_val_batches=limit)
-    try:  # 7 samples, batch size 1, sharded without padding: rank 0 has 4 batches, rank 1 has 3
-        trainer.validate(StepSyncedValidation(), DataLoader(RandomDataset(32, 7), batch_size=1))
+                      enable_model_summary=False)
+    torch.manual_seed(0)
+    model = StepSyncedValidation()
+    # 7 samples, batch size 1, sharded without padding: rank 0 has samples 0, 2, 4, 6, rank 1 has 1, 3, 5
+    data = DataLoader(RandomDataset(32, 7), batch_size=1) if kind == "sized" else \
+        DataLoader(RankSizedStream(rank), batch_size=1)
+    try:
+        trainer.validate(model, data)
     except DistributedDesyncError as err:
         return str(err)
-    return "no error"
+    return model.seen
 
 
 @pytest.mark.timeout(90)
-def test_per_step_sync_dist_in_uneven_validation_fails_on_every_rank_naming_the_fix():
-    messages = run_distributed(_validate_uneven, 1.0, timeout=60)
-    for message in messages:
-        assert message.startswith("'val_step_loss' logged with sync_dist=True and on_step=True in validation, but "
-                                  "the ranks have different numbers of validation batches (rank 0: 4, rank 1: 3)"), \
-            message
-        assert "Log it with on_step=False" in message and "limit_val_batches=3" in message, message
+def test_per_step_sync_dist_in_uneven_validation_is_reduced_over_the_ranks_that_have_the_step():
+    """Lightning pads the shards and runs; here every rank joins the step only rank 0 has, and the value there is
+    rank 0's alone (a mean over the ranks that have the step: no padded duplicate)."""
+    seen = run_distributed(_validate_uneven, "sized", timeout=60)
+    torch.manual_seed(0)
+    model, data = StepSyncedValidation(), RandomDataset(32, 7).data
+    with torch.no_grad():
+        losses = [float(model(data[i:i + 1]).sum()) for i in range(7)]
+    expected = [(losses[0] + losses[1]) / 2, (losses[2] + losses[3]) / 2, (losses[4] + losses[5]) / 2, losses[6]]
+    assert seen[0] == pytest.approx(expected, rel=1e-6) and seen[1] == pytest.approx(expected[:3], rel=1e-6), seen
 
 
 @pytest.mark.timeout(90)
-def test_per_step_sync_dist_in_even_validation_runs():
-    """With limit_val_batches=3 every rank has 3 batches: the per-step reductions pair up and validation ends."""
-    assert run_distributed(_validate_uneven, 3, timeout=60) == ["no error"] * 2
+def test_per_step_sync_dist_in_validation_without_lengths_is_reduced_over_the_ranks_that_have_the_step():
+    """Loaders without a length (5 samples on rank 0, 4 on rank 1): the rank that runs out joins the last step."""
+    seen = run_distributed(_validate_uneven, "stream", timeout=60)
+    torch.manual_seed(0)
+    model, data = StepSyncedValidation(), RandomDataset(32, 64).data
+    with torch.no_grad():
+        losses = [float(model(data[i:i + 1]).sum()) for i in range(5)]
+    # both ranks stream the same first 4 samples (a mean of equal values); the 5th step is rank 0's alone
+    assert seen[0] == pytest.approx(losses, rel=1e-6) and seen[1] == pytest.approx(losses[:4], rel=1e-6), seen
