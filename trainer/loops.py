@@ -4,6 +4,7 @@ between single device, DP, DDP and ZeRO is behind `trainer.strategy`. Hook order
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -127,7 +128,9 @@ def run_train_epoch(trainer: Trainer) -> None:
         _validate_during_fit(trainer)  # the save came before the validation due after that batch
     runs_out, sampler, stopped = data.runs_out(loader, trainer.num_training_batches), resumable_sampler(loader), False
     position.before_fetch(sampler)
+    last_seen = False
     for batch_idx, batch, is_last in data.iterate(iterator, trainer.num_training_batches, start):
+        last_seen = is_last
         position.set(Phase.BATCH_STARTED)
         progress.val_started = False
         batch = s.batch_to_device(batch)
@@ -151,6 +154,11 @@ def run_train_epoch(trainer: Trainer) -> None:
             stopped = not is_last
             break
         position.before_fetch(sampler)
+    else:
+        if not last_seen and trainer.num_training_batches > start:  # the data ended before the announced last batch
+            control.ran_dry(trainer)
+            if control.stop_signal:
+                preemption.stop_and_exit(trainer, control.stop_signal)
     if stopped:  # the fit ends inside this epoch: checkpoints from here on continue it (trainer/position.py)
         resume.freeze_at_stop(trainer)
     progress.epoch_finished = True
@@ -237,13 +245,7 @@ def run_evaluation(trainer: Trainer, stage: RunningStage) -> list[dict[str, floa
     with torch.no_grad():
         for dl_idx, (loader, limit) in enumerate(zip(loaders, limits, strict=True)):
             results.key_suffix = f"/dataloader_idx_{dl_idx}" if many else ""
-            extra = (dl_idx,) if many else ()
-            for batch_idx, batch, _ in data.iterate(loader, limit):
-                batch = s.batch_to_device(batch)
-                results.set_batch(batch)
-                call_hook(trainer, f"on_{prefix}_batch_start", batch, batch_idx, *extra)
-                out = trainer._run_step(f"{prefix}_step", batch, batch_idx, *extra)
-                call_hook(trainer, f"on_{prefix}_batch_end", out, batch, batch_idx, *extra)
+            _evaluate_loader(trainer, results, loader, limit, prefix, (dl_idx,) if many else ())
     results.key_suffix = ""
     metrics = _eval_epoch_end(trainer, results, stage, prefix)
     if stage == RunningStage.VALIDATING:
@@ -254,6 +256,33 @@ def run_evaluation(trainer: Trainer, stage: RunningStage) -> list[dict[str, floa
     module.train(was_training)
     trainer.state.stage = previous_stage
     return _split_by_loader(metrics, len(loaders))
+
+
+def _evaluate_loader(trainer: Trainer, results: Any, loader: Any, limit: int | float, prefix: str,
+                     extra: tuple[int, ...]) -> None:
+    """One evaluation loader. Its shards may hold different numbers of batches on different ranks (no padding, or
+    no length): from the first step some rank may lack, every step is a round that every rank joins
+    (`reduce_eval_step`, before and after the batch-end hook), so a per-step sync_dist value never leaves a rank
+    waiting; a rank that has run out joins the remaining rounds with nothing to add."""
+    s, control = trainer.strategy, trainer._control
+    counts = control.eval_batch_counts(limit)  # None: the same known count on every rank (or one process)
+    joined_from = math.inf if counts is None else max(min(counts), 0)  # counts known and different: the fewest
+    more = counts is not None  # whether this rank must join the round at joined_from (or after its last step)
+    for batch_idx, batch, is_last in data.iterate(loader, limit):
+        results.defer_eval_sync = joined = batch_idx >= joined_from
+        batch = s.batch_to_device(batch)
+        results.set_batch(batch)
+        call_hook(trainer, f"on_{prefix}_batch_start", batch, batch_idx, *extra)
+        out = trainer._run_step(f"{prefix}_step", batch, batch_idx, *extra)
+        if joined:  # reduced before the batch-end hook reads it, as a value reduced in self.log would be
+            control.reduce_eval_step(results)
+        call_hook(trainer, f"on_{prefix}_batch_end", out, batch, batch_idx, *extra)
+        if joined:
+            more = control.reduce_eval_step(results, more=not is_last)
+    results.defer_eval_sync = False
+    while counts is not None and more:  # rounds of steps this rank does not have
+        control.reduce_eval_step(results)
+        more = control.reduce_eval_step(results)
 
 
 def _eval_epoch_end(trainer: Trainer, results: Any, stage: RunningStage, prefix: str) -> dict[str, float]:

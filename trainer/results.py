@@ -116,6 +116,9 @@ class ResultCollection:
         self._check_keys = check_keys  # control plane: every rank reduces the same names (trainer/control.py)
         self.defer_sync = False  # training_step's sync_dist step values wait for the step agreement
         self._pending_sync: list[_Entry] = []
+        # Evaluation shards may hold different batch counts (trainer/control.py): in the steps not every rank may
+        # have, per-step sync_dist values wait for a reduction that every rank joins.
+        self.defer_eval_sync = False
         self.entries: dict[str, _Entry] = {}
         self.current_fx: str | None = None
         self.key_suffix = ""
@@ -176,7 +179,7 @@ class ResultCollection:
                 return
             value = self._as_tensor(name, value)
             if step:
-                if sync_dist and self.defer_sync and fx == "training_step":
+                if sync_dist and (self.defer_eval_sync or (self.defer_sync and fx == "training_step")):
                     entry.step_value = value
                     self._pending_sync.append(entry)
                 else:
@@ -224,6 +227,11 @@ class ResultCollection:
     def pending_sync_keys(self) -> list[str]:
         """Names of the sync_dist step values logged in this training_step, not reduced yet."""
         return [entry.name for entry in self._pending_sync]
+
+    def take_pending_sync(self) -> list[_Entry]:
+        """The deferred sync_dist step entries, for a caller that reduces them itself; the list is emptied."""
+        pending, self._pending_sync = self._pending_sync, []
+        return pending
 
     def flush_sync(self) -> None:
         """Reduce the deferred sync_dist step values (after the ranks agreed on their names)."""
