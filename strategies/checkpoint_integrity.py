@@ -39,8 +39,7 @@ def _entries(view: memoryview | bytes) -> list[zipfile.ZipInfo]:
     try:
         return zipfile.ZipFile(io.BytesIO(view) if isinstance(view, bytes) else _ViewReader(view)).infolist()
     except (zipfile.BadZipFile, ValueError, OSError) as err:
-        raise CheckpointLoadError(f"its zip directory is unreadable ({err}): the file is truncated or damaged") \
-            from None
+        raise CheckpointLoadError(f"its zip directory is unreadable ({err})") from None
 
 
 class _ViewReader(io.RawIOBase):

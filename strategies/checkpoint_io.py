@@ -69,8 +69,8 @@ class _RecordingFile:
             self.error = self.error or err
             raise
 
-    def flush(self) -> None:
-        self._handle.flush()
+    def __getattr__(self, name: str) -> Any:  # fileno, tell, ... of the real file
+        return getattr(self._handle, name)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -273,7 +273,8 @@ def _verify(check: Callable[[], Any], source: Path | bytes, path: AnyPath, map_l
     except CheckpointLoadError as err:
         if str(path) in str(err):
             raise
-        raise CheckpointLoadError(f"checkpoint {path} is not a valid checkpoint: {err}.") from None
+        raise CheckpointLoadError(f"checkpoint {path} is not a valid checkpoint (truncated or corrupted): {err}.") \
+            from None
 
 
 def _checked_load(source: Path | bytes, path: str | Path, map_location: str | torch.device | None) -> dict[str, Any]:

@@ -74,11 +74,14 @@ def _pid_alive(pid: int) -> bool:
 
 
 def writer_is_gone(name: str) -> bool:
-    """True only when the owner recorded in the temp name `name` provably no longer runs."""
+    """True only when the owner recorded in the temp name `name` provably no longer runs, or is this process:
+    clean-up runs when a fit starts, with no save of its own in flight, so its own temp files are leftovers."""
     found = _OWNED.search(name)
     if found is None or found["machine"] != machine_id():
         return False
     pid, start = int(found["pid"]), int(found["start"])
+    if pid == os.getpid():
+        return True
     now = process_start(pid)
     if now is None:
         return True if os.path.isdir("/proc/self") else not _pid_alive(pid)
