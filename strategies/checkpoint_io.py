@@ -30,7 +30,7 @@ from strategies.checkpoint_integrity import (
 )
 from strategies.exceptions import CheckpointLoadError, CheckpointSaveError
 from strategies.filesystem import AnyPath, is_remote, to_path
-from strategies.temp_owner import TMP_MARKER, temp_name, writer_is_gone
+from strategies.temp_owner import TMP_MARKER, owner_is_gone, temp_name, writer_is_gone
 
 __all__ = ["TMP_MARKER", "atomic_save", "find_checkpoints", "remove_checkpoint", "remove_stale_temp_files",
            "safe_load", "save_advice"]
@@ -171,7 +171,8 @@ def remove_stale_temp_files(directory: str | Path) -> list[AnyPath]:
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    removed = [p for p in directory.iterdir() if TMP_MARKER in p.name and writer_is_gone(p.name)]
+    removed = [p for p in directory.iterdir()
+               if TMP_MARKER in p.name and writer_is_gone(p.name) or p.name.endswith(".claim") and _stale_claim(p)]
     for p in removed:
         if p.is_dir():  # an uncommitted sharded checkpoint folder
             shutil.rmtree(p, ignore_errors=True)
@@ -181,6 +182,14 @@ def remove_stale_temp_files(directory: str | Path) -> list[AnyPath]:
             except OSError:
                 pass
     return list(removed)
+
+
+def _stale_claim(claim: Path) -> bool:
+    try:
+        tag = claim.read_text()
+    except OSError:
+        return False
+    return bool(tag) and owner_is_gone(tag)
 
 
 def _cause(err: BaseException) -> str:

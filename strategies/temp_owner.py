@@ -73,6 +73,11 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def owner_is_gone(tag: str) -> bool:
+    """`writer_is_gone` for a bare owner tag (as `owner_tag` returns it)."""
+    return writer_is_gone(f"{TMP_MARKER}{tag.strip()}")
+
+
 def writer_is_gone(name: str) -> bool:
     """True only when the owner recorded in the temp name `name` provably no longer runs, or is this process:
     clean-up runs when a fit starts, with no save of its own in flight, so its own temp files are leftovers."""

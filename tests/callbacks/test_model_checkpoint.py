@@ -89,4 +89,6 @@ def test_checkpoint_callback_state_survives_resume(tmp_path: Path):
         Scored(), ckpt_path=cb.best_model_path
     )
     assert sorted(resumed.best_k_models.values()) == [2.0, 3.0]
-    assert _names(tmp_path) == ["epoch=0-step=8.ckpt", "epoch=2-step=24.ckpt"]
+    # epoch=1-step=16.ckpt was written by the first run after the resumed checkpoint: the resumed run does not know
+    # it, so it saved its own epoch 1 as epoch=1-step=16-v1.ckpt (as Lightning does) and evicted that, not the other
+    assert _names(tmp_path) == ["epoch=0-step=8.ckpt", "epoch=1-step=16.ckpt", "epoch=2-step=24.ckpt"]
