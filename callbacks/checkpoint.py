@@ -260,7 +260,7 @@ class ModelCheckpoint(Callback):
         claimed by rank 0 (strategies/checkpoint_names.py). A name this run wrote is re-saved in place."""
         if str(path) in self._own_paths or str(path) == previous:
             return path
-        chosen = claim_name(path) if trainer.is_global_zero else path
+        chosen = claim_name(path, self._own_paths) if trainer.is_global_zero else path
         chosen = to_path(trainer.strategy.broadcast(str(chosen)))
         if str(chosen) != str(path):
             rank_zero_warn(f"ModelCheckpoint: {path} was written by another run; this run saves {chosen} instead "

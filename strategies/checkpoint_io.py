@@ -196,8 +196,9 @@ def _cause(err: BaseException) -> str:
     """A short cause, without torch's advice to retry with weights_only=False (we never do)."""
     text = str(err)
     found = re.search(r"WeightsUnpickler error: (.*)", text, re.S)  # torch's verdict, after its advice
-    lines = [line.strip() for line in (found.group(1) if found else text).splitlines() if line.strip()]
-    kept = [line for line in lines if not any(word in line.lower() for word in _ADVICE_WORDS)]
+    sentences = re.split(r"(?<=\.)\s+|\n+", found.group(1) if found else text)
+    kept = [part.strip() for part in sentences
+            if part.strip() and not any(word in part.lower() for word in _ADVICE_WORDS)]
     text = " ".join(kept)[:200] or type(err).__name__
     return f"{type(err).__name__}: {text}"
 

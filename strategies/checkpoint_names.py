@@ -11,6 +11,7 @@ create: there the name is versioned when it exists, checked just before the save
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 from strategies.filesystem import AnyPath, exists, join, name, parent
@@ -26,13 +27,13 @@ def versioned(path: AnyPath, version: int) -> AnyPath:
     return join(parent(path), f"{stem}-v{version}{ext}")
 
 
-def claim_name(path: AnyPath) -> AnyPath:
-    """Rank 0: the first of `path`, `path-v1`, `path-v2`, ... that no other run wrote or is writing, claimed for
-    this process until `release_claim`. Call only for a name this run has not saved yet."""
+def claim_name(path: AnyPath, own: Collection[str] = ()) -> AnyPath:
+    """Rank 0: the first of `path`, `path-v1`, `path-v2`, ... that this run wrote (`own`: re-saved in place) or that
+    no other run wrote or is writing, claimed for this process until `release_claim`."""
     version = 0
     while True:
         candidate = path if version == 0 else versioned(path, version)
-        if _try_claim(candidate):
+        if str(candidate) in own or _try_claim(candidate):
             return candidate
         version += 1
 
