@@ -252,7 +252,7 @@ def safe_load(path: str | Path, map_location: str | torch.device | None = "cpu")
         if not raw:
             raise CheckpointLoadError(f"checkpoint {path} is empty (0 bytes): it is truncated or was never written.")
         if is_zip(raw):
-            _verify(lambda: (check_torchscript(raw, path), verify_crcs(raw)), raw, path, map_location)
+            _verify(lambda: (check_torchscript(raw, path), verify_crcs(raw)), raw, path)
         return _checked_load(raw, path, map_location)
     if not path.exists():
         raise CheckpointLoadError(f"checkpoint {path} does not exist. Check the path (or use ckpt_path='last').")
@@ -262,11 +262,12 @@ def safe_load(path: str | Path, map_location: str | torch.device | None = "cpu")
         raise CheckpointLoadError(f"checkpoint {path} is a directory, but a checkpoint file was expected.{hint}")
     if path.stat().st_size == 0:
         raise CheckpointLoadError(f"checkpoint {path} is empty (0 bytes): it is truncated or was never written.")
-    _verify(lambda: verify_file(path), path, path, map_location)
+    _verify(lambda: verify_file(path), path, path)
     return _checked_load(path, path, map_location)
 
 
-def _verify(check: Callable[[], Any], source: Path | bytes, path: AnyPath, map_location: Any) -> None:
+def _verify(check: Callable[[], Any], source: Path | bytes, path: AnyPath) -> None:
+    """Run an integrity `check`; a damaged entry becomes a CheckpointLoadError naming the file, entry and tensors."""
     try:
         check()
     except DamagedEntry as err:
@@ -357,7 +358,7 @@ def checkpoint_problem(path: AnyPath) -> str | None:
             return verify_folder(target)
         if target.stat().st_size == 0:
             return f"{target} is empty"
-        _verify(lambda: verify_file(target), target, target, "cpu")
+        _verify(lambda: verify_file(target), target, target)
     except CheckpointLoadError as err:
         return str(err)
     except OSError as err:
