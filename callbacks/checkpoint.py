@@ -140,8 +140,15 @@ class ModelCheckpoint(Callback):
             base = run_folder(trainer.loggers[0], trainer.default_root_dir) if trainer.loggers else \
                 to_path(trainer.default_root_dir)
             self.dirpath = to_path(trainer.strategy.broadcast(str(join(base, "checkpoints"))))
-        if trainer.is_global_zero and self.save_top_k != 0 and list_names(self.dirpath):
-            rank_zero_warn(f"Checkpoint directory {self.dirpath} exists and is not empty.")
+        if trainer.is_global_zero and self.save_top_k != 0 and self._has_files():
+            rank_zero_warn(f"Checkpoint directory {self.dirpath} exists and is not empty.")  # Lightning's warning
+
+    def _has_files(self) -> bool:
+        assert self.dirpath is not None
+        try:
+            return bool(list_names(self.dirpath))
+        except OSError:  # unreadable: the first save reports it, on every rank
+            return False
 
     def existing_checkpoints(self, trainer: Trainer) -> list[tuple[int, AnyPath]]:
         """(modification time in ns, path) of the checkpoints this callback could resume from (ckpt_path='last');
@@ -260,7 +267,12 @@ class ModelCheckpoint(Callback):
         claimed by rank 0 (strategies/checkpoint_names.py). A name this run wrote is re-saved in place."""
         if str(path) in self._own_paths or str(path) == previous:
             return path
-        chosen = claim_name(path, self._own_paths) if trainer.is_global_zero else path
+        chosen = path
+        if trainer.is_global_zero:
+            try:
+                chosen = claim_name(path, self._own_paths)
+            except Exception:  # noqa: BLE001 - e.g. a read-only folder: the save itself then fails on every rank
+                chosen = path  # with a CheckpointSaveError; raising here would leave the others in the broadcast
         chosen = to_path(trainer.strategy.broadcast(str(chosen)))
         if str(chosen) != str(path):
             rank_zero_warn(f"ModelCheckpoint: {path} was written by another run; this run saves {chosen} instead "

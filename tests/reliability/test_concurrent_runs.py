@@ -91,6 +91,8 @@ def test_two_runs_started_at_once_keep_their_own_folders_and_checkpoints(tmp_pat
         names = sorted(p.name for p in Path(a["best"]).parent.iterdir()) if not logger else []
         assert not logger and names == ["epoch=1-step=4-v1.ckpt", "epoch=1-step=4.ckpt"] or logger, names
     assert lost == 0, f"{lost} run(s) of {2 * TRIALS} found another run's weights in their best_model_path"
+    orphans = [p for p in tmp_path.rglob("*") if TMP_MARKER in p.name or p.name.endswith(".claim")]
+    assert not orphans, f"temp files or name claims left behind: {orphans}"
 
 
 def _save_or_clean(who: int, trial: int, root: str) -> int:
