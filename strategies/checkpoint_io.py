@@ -45,6 +45,7 @@ _ADVICE = {
     errno.EISDIR: "a directory has that name: choose another checkpoint file name",
     errno.ENOTDIR: "a part of the path is a file, not a folder: fix the path",
     errno.ENOENT: "the folder or the temp file vanished during the save (removed by another process?)",
+    errno.EEXIST: "a file has the folder's name: remove it or choose another folder",
     errno.ENAMETOOLONG: "the file name is too long: shorten the filename template",
 }
 
@@ -87,15 +88,14 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def atomic_save(
-    obj: Any, path: str | Path, write: Callable[[Any, Any], None] = torch.save, exclusive: bool = False
+    obj: Any, path: str | Path, write: Callable[[Any, Any], None] = torch.save
 ) -> None:
     """Write `obj` to `path` so that a crash at any moment leaves either the old file or the new one.
 
     The bytes go to a temp file in the same directory, are flushed and fsynced, then renamed over
     the target with os.replace (atomic on POSIX), and the directory entry is fsynced. On a remote store
     (a URL), the bytes go to a new object and a commit record names it (strategies/object_store.py).
-    With `exclusive=True` a local save never replaces an existing file: it raises FileExistsError instead
-    (a hard link publishes the temp file only if the name is free). The temp file's name records its writer
+    The temp file's name records its writer
     (strategies/temp_owner.py), so clean-up never deletes a live writer's file.
 
     Raises:
@@ -112,7 +112,7 @@ def atomic_save(
     except OSError as err:
         raise CheckpointSaveError(
             f"cannot create checkpoint directory {path.parent} ({err.strerror or err}): {save_advice(err)}."
-        ) from None
+        ) from err
     tmp = path.with_name(temp_name(path.name))
     recording: _RecordingFile | None = None
     try:
@@ -121,14 +121,7 @@ def atomic_save(
             write(obj, recording)
             handle.flush()
             os.fsync(handle.fileno())
-        if exclusive:
-            os.link(tmp, path)  # fails with EEXIST instead of replacing a file another run wrote meanwhile
-            os.unlink(tmp)
-        else:
-            os.replace(tmp, path)
-    except FileExistsError:
-        _discard(tmp)
-        raise
+        os.replace(tmp, path)
     except OSError as err:
         _discard(tmp)
         raise _save_error(path, err) from err
