@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import posixpath
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -31,10 +30,6 @@ from strategies.temp_owner import owner_tag, writer_is_gone
 DATA_MARKER = ".data-"
 RECORD_KEY = "trainer_checkpoint_commit"
 RECORD_MAX_BYTES = 4096  # a commit record is about 200 bytes; anything larger is not one
-
-
-def new_token() -> str:
-    return uuid.uuid4().hex[:12]
 
 
 def _record(data_name: str, kind: str, size: int) -> bytes:
