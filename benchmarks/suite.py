@@ -53,7 +53,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("agreement", "agreement.py", "Per-step agreement across ranks", "cost ≤ 1 % of the step time",
               details="reliability.md"),
     Benchmark("checkpoint", "checkpoint.py", "Checkpoint save and load",
-              "save ≤ 1.10x a durable `torch.save` + fsync",
+              "save ≤ 1.10x a durable `torch.save` + fsync; CRC-checked load ≤ 1.10x `torch.load`",
               full_args=("--s3-rounds", "3"), quick_args=("--quick", "--rounds", "2"),
               details="checkpointing.md#benchmark"),
     Benchmark("precision", "precision.py", "Step time per precision (CPU)", "",

@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
 from strategies.checkpoint_io import find_checkpoints, remove_checkpoint
-from strategies.distributed import rank_zero_info
+from strategies.checkpoint_names import claim_name, release_claim
+from strategies.distributed import rank_zero_info, rank_zero_warn
 from strategies.exceptions import ConfigError, MisconfigurationError
-from strategies.filesystem import AnyPath, join, to_path
+from strategies.filesystem import AnyPath, join, list_names, to_path
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -105,6 +106,7 @@ class ModelCheckpoint(Callback):
         self.last_model_path = ""
         self._latest_path = ""
         self._last_saved_step = -1
+        self._own_paths: set[str] = set()  # names this run wrote (or resumed from): re-saved in place
 
     @property
     def state_key(self) -> str:
@@ -127,6 +129,8 @@ class ModelCheckpoint(Callback):
         self.best_k_models = dict(state_dict.get("best_k_models", {}))
         self.last_model_path = state_dict.get("last_model_path", "")
         self._latest_path = state_dict.get("latest_path", "")
+        self._own_paths.update(p for p in (self.best_model_path, self.last_model_path, self._latest_path,
+                                           *self.best_k_models) if p)  # the resumed run's names stay its own
 
     # --- where ---------------------------------------------------------------------------------
     def setup(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
@@ -136,6 +140,15 @@ class ModelCheckpoint(Callback):
             base = run_folder(trainer.loggers[0], trainer.default_root_dir) if trainer.loggers else \
                 to_path(trainer.default_root_dir)
             self.dirpath = to_path(trainer.strategy.broadcast(str(join(base, "checkpoints"))))
+        if trainer.is_global_zero and self.save_top_k != 0 and self._has_files():
+            rank_zero_warn(f"Checkpoint directory {self.dirpath} exists and is not empty.")  # Lightning's warning
+
+    def _has_files(self) -> bool:
+        assert self.dirpath is not None
+        try:
+            return bool(list_names(self.dirpath))
+        except OSError:  # unreadable: the first save reports it, on every rank
+            return False
 
     def existing_checkpoints(self, trainer: Trainer) -> list[tuple[int, AnyPath]]:
         """(modification time in ns, path) of the checkpoints this callback could resume from (ckpt_path='last');
@@ -205,19 +218,19 @@ class ModelCheckpoint(Callback):
         else:
             self._save_top_k(trainer, metrics)
         if self.save_last:
-            path = self.format_checkpoint_name(metrics, self.LAST_NAME)
+            path = self._claim(trainer, self.format_checkpoint_name(metrics, self.LAST_NAME), self.last_model_path)
             self.last_model_path = str(path)
-            trainer.save_checkpoint(path, self.save_weights_only)
+            self._write(trainer, path)
         for logger in trainer.loggers:  # e.g. to upload the new files as artifacts (rank 0 only, by the base class)
             logger.after_save_checkpoint(self)
 
     def _save_latest(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         if self.save_top_k == 0:
             return
-        path = self.format_checkpoint_name(metrics)
+        path = self._claim(trainer, self.format_checkpoint_name(metrics), self._latest_path)
         previous, self._latest_path = self._latest_path, str(path)
         self.best_model_path = str(path)
-        trainer.save_checkpoint(path, self.save_weights_only)
+        self._write(trainer, path)
         if self.save_top_k == 1 and previous and previous != str(path):
             self._remove(trainer, previous)
         if self.verbose:
@@ -235,7 +248,7 @@ class ModelCheckpoint(Callback):
         if not trainer.strategy.reduce_boolean_decision(improves, all=True):
             return
         # Bookkeeping first, so the checkpoint being written already records itself (as in Lightning).
-        path = self.format_checkpoint_name(metrics)
+        path = self._claim(trainer, self.format_checkpoint_name(metrics))
         self.best_k_models[str(path)] = score
         evicted = None
         if self.save_top_k != -1 and len(self.best_k_models) > self.save_top_k:
@@ -244,11 +257,37 @@ class ModelCheckpoint(Callback):
         best = min if self.mode == "min" else max
         self.best_model_path = best(self.best_k_models, key=self.best_k_models.__getitem__)
         self.best_model_score = self.best_k_models[self.best_model_path]
-        trainer.save_checkpoint(path, self.save_weights_only)
+        self._write(trainer, path)
         if evicted is not None and evicted != str(path):
             self._remove(trainer, evicted)
         if self.verbose:
             rank_zero_info(f"Epoch {trainer.current_epoch}: {self.monitor}={score:.5g}, saved {path}")
+
+    def _claim(self, trainer: Trainer, path: AnyPath, previous: str = "") -> AnyPath:
+        """Collective. `path`, or when another run wrote (or is writing) that name, its next free `-vN` version,
+        claimed by rank 0 (strategies/checkpoint_names.py). A name this run wrote is re-saved in place."""
+        if str(path) in self._own_paths or str(path) == previous:
+            return path
+        chosen = path
+        if trainer.is_global_zero:
+            try:
+                chosen = claim_name(path, self._own_paths)
+            except Exception:  # noqa: BLE001 - e.g. a read-only folder: the save itself then fails on every rank
+                chosen = path  # with a CheckpointSaveError; raising here would leave the others in the broadcast
+        chosen = to_path(trainer.strategy.broadcast(str(chosen)))
+        if str(chosen) != str(path):
+            rank_zero_warn(f"ModelCheckpoint: {path} was written by another run; this run saves {chosen} instead "
+                           "of overwriting it.")
+        return chosen
+
+    def _write(self, trainer: Trainer, path: AnyPath) -> None:
+        """Save to `path` (claimed), then release the claim; the name is this run's from now on."""
+        try:
+            trainer.save_checkpoint(path, self.save_weights_only)
+        finally:
+            if trainer.is_global_zero:
+                release_claim(path)
+        self._own_paths.add(str(path))
 
     def _improves(self, score: float) -> bool:
         if score != score:  # NaN never improves

@@ -19,21 +19,17 @@ from __future__ import annotations
 import json
 import posixpath
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 from strategies.checkpoint_io import TMP_MARKER
 from strategies.exceptions import CheckpointLoadError, CheckpointSaveError
 from strategies.filesystem import get_fs, makedirs_in
+from strategies.temp_owner import owner_tag, writer_is_gone
 
 DATA_MARKER = ".data-"
 RECORD_KEY = "trainer_checkpoint_commit"
 RECORD_MAX_BYTES = 4096  # a commit record is about 200 bytes; anything larger is not one
-
-
-def new_token() -> str:
-    return uuid.uuid4().hex[:12]
 
 
 def _record(data_name: str, kind: str, size: int) -> bytes:
@@ -93,7 +89,7 @@ def save(obj: Any, url: str, write: Callable[[Any, Any], None]) -> None:
     """Write `obj` as a new data object, then commit it; the previous checkpoint stays until the commit."""
     fs, path = get_fs(url)
     folder, base = posixpath.split(path)
-    data_name = f"{base}{DATA_MARKER}{new_token()}"
+    data_name = f"{base}{DATA_MARKER}{owner_tag()}"  # the writer in the name: clean-up spares a live one
     data_path = posixpath.join(folder, data_name)
     try:
         makedirs_in(fs, folder)
@@ -203,7 +199,8 @@ def remove(url: str) -> None:
 
 
 def remove_uncommitted(folder_url: str) -> list[str]:
-    """Delete data objects and prefixes that no commit record in `folder_url` names (a save cut short)."""
+    """Delete data objects and prefixes that no commit record in `folder_url` names (a save cut short) and whose
+    writer, recorded in their name, is provably gone: a live run's data being written is never deleted."""
     fs, folder = get_fs(folder_url)
     fs.invalidate_cache(folder)
     try:
@@ -216,7 +213,7 @@ def remove_uncommitted(folder_url: str) -> list[str]:
     removed = []
     for entry in entries:
         base = posixpath.basename(entry["name"].rstrip("/"))
-        if (DATA_MARKER in base and base not in named) or TMP_MARKER in base:
+        if ((DATA_MARKER in base and base not in named) or TMP_MARKER in base) and writer_is_gone(base):
             try:
                 fs.rm(entry["name"], recursive=entry.get("type") == "directory")
             except FileNotFoundError:

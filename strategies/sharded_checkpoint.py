@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 from strategies.checkpoint_io import TMP_MARKER, atomic_save, safe_load
 from strategies.exceptions import CheckpointLoadError, CheckpointSaveError
 from strategies.filesystem import is_remote
+from strategies.temp_owner import owner_tag
 
 MANIFEST = "manifest.pt"
 SHARDED_KEYS = ("state_dict", "optimizer_states")
@@ -69,7 +69,7 @@ def save_sharded(strategy: Any, checkpoint: dict[str, Any], path: str | Path) ->
 
         return save_sharded_remote(strategy, checkpoint, str(path))
     folder = Path(path)
-    token = strategy.broadcast(uuid.uuid4().hex[:8])
+    token = strategy.broadcast(owner_tag())  # rank 0 owns the temp folder: its pid is in the name
     tmp = folder.with_name(f"{folder.name}{TMP_MARKER}{token}")
     payload = shard_payload(checkpoint)
     import torch.distributed.checkpoint as dcp  # heavy (DTensor): imported on first use, not with `trainer`
@@ -92,7 +92,7 @@ def _commit(checkpoint: dict[str, Any], folder: Path, tmp: Path, token: str) -> 
     """Rank 0: the manifest (commit marker) last, then the folder takes the final name."""
     files = {p.name: _sha256(p) for p in sorted(tmp.iterdir())}
     atomic_save(manifest_state(checkpoint, files), tmp / MANIFEST)
-    trash = folder.with_name(f"{folder.name}{TMP_MARKER}old-{token}")
+    trash = folder.with_name(f"{folder.name}{TMP_MARKER}{token}-old")
     if folder.exists():
         os.replace(folder, trash)
     os.replace(tmp, folder)
@@ -115,6 +115,12 @@ def _verify(folder: Path) -> tuple[dict[str, Any] | None, str]:
         if _sha256(file) != digest:
             return None, f"{folder}: {name} does not match the sha256 in its manifest (changed or damaged)"
     return manifest, ""
+
+
+def verify_folder(folder: Path) -> str | None:
+    """Why a local sharded checkpoint folder cannot be loaded, or None when every shard matches its manifest."""
+    manifest, problem = _verify(folder)
+    return None if manifest is not None else problem
 
 
 def load_sharded(strategy: Any, path: str | Path) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from strategies import object_store
 from strategies.exceptions import CheckpointLoadError, CheckpointSaveError
 from strategies.filesystem import get_fs
 from strategies.sharded_checkpoint import MANIFEST, manifest_state, shard_payload
+from strategies.temp_owner import owner_tag
 
 
 def _fingerprint(fs: Any, path: str, info: dict[str, Any]) -> str:
@@ -39,7 +40,7 @@ def save_sharded_remote(strategy: Any, checkpoint: dict[str, Any], url: str) -> 
     """Collective: shards from every rank, then rank 0's manifest and commit record."""
     fs, path = get_fs(url)
     folder, base = posixpath.split(path)
-    data_name = f"{base}{object_store.DATA_MARKER}{strategy.broadcast(object_store.new_token())}"
+    data_name = f"{base}{object_store.DATA_MARKER}{strategy.broadcast(owner_tag())}"  # rank 0 owns it
     data_path = posixpath.join(folder, data_name)
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter

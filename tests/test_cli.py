@@ -214,6 +214,15 @@ ERRORS = {
     "override without a value": (BORING + QUIET_YAML, ["trainer.max_epochs"],
                                  ["command line: 'trainer.max_epochs': expected an override key.sub=value"]),
     "logger given twice": (BORING + QUIET_YAML + "logger: false\n", [], ["run.yaml: logger: given twice"]),
+    "a scalar config": ("5\n", [], ["run.yaml: the top level is int 5, but a config must be a mapping of sections"]),
+    "a string config": ("fit\n", [], ["run.yaml: the top level is str 'fit', but a config must be a mapping"]),
+    "a list config": ("- model\n", [], ["run.yaml: the top level is list ['model']"]),
+    "trainer: null": (BORING + "trainer: null\n", [], ["run.yaml: trainer: is empty (null), so every Trainer "
+                                                       "argument would silently take its default"]),
+    "trainer: with nothing under it": (BORING + "trainer:\n#  max_epochs: 3\n", [], ["run.yaml: trainer: is empty"]),
+    "trainer=null on the command line": (BORING + QUIET_YAML, ["trainer=null"], ["command line: trainer: is empty"]),
+    "a string bool": (BORING + QUIET_YAML + "  use_distributed_sampler: 'false'\n", [],
+                      ["run.yaml: trainer.use_distributed_sampler:", "expects bool, got str 'false'"]),
 }
 
 
@@ -230,6 +239,22 @@ def test_config_errors_exit_2_naming_file_and_key(case, capsys):
         assert fragment in err, err
     assert not (torch.distributed.is_available() and torch.distributed.is_initialized())
     assert not Path("config.yaml").exists()
+
+
+def test_a_config_that_is_not_utf8_names_the_file_and_the_byte(capsys):
+    Path("run.yaml").write_bytes(BORING.encode() + b"# caf\xe9\n" + QUIET_YAML.encode())
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--config", "run.yaml"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "Traceback" not in err
+    assert "run.yaml: not UTF-8 text: byte 0xe9 at line 5, column 6; save the config as UTF-8" in err, err
+
+
+def test_trainer_null_in_a_later_file_names_that_file():
+    _write("base.yaml", BORING + QUIET_YAML)
+    _write("later.yaml", "trainer: null\n")
+    with pytest.raises(CLIError, match=r"^later.yaml: trainer: is empty \(null\)"):
+        run(["fit", "--config", "base.yaml", "--config", "later.yaml"])
 
 
 def test_missing_config_file_and_cli_errors_are_cli_errors(capsys):

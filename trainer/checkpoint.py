@@ -12,6 +12,7 @@ import torch
 
 from strategies.checkpoint_io import safe_load
 from strategies.exceptions import CheckpointLoadError, CheckpointSaveError
+from trainer.checkpoint_contents import check_contents, check_resumable
 from trainer.resume import checkpoint_position, plan_resume
 
 if TYPE_CHECKING:
@@ -81,6 +82,7 @@ def dump_checkpoint(loop: FitState) -> dict[str, Any]:
 
 
 def _check_format(checkpoint: Mapping[str, Any], path: str | Path) -> None:
+    """A checkpoint of this trainer, of a version this release reads, whose entries have the expected types."""
     version = checkpoint.get("format_version")
     if version is None:
         hint = " It looks like a PyTorch Lightning checkpoint." if "pytorch-lightning_version" in checkpoint else ""
@@ -90,6 +92,7 @@ def _check_format(checkpoint: Mapping[str, Any], path: str | Path) -> None:
             f"{path} has format_version {version!r}, newer than this release understands ({FORMAT_VERSION}); "
             "upgrade the trainer package."
         )
+    check_contents(checkpoint, path)
 
 
 def load_checkpoint_file(strategy: Strategy, path: str | Path) -> dict[str, Any]:
@@ -126,6 +129,7 @@ def restore_module(strategy: Strategy, checkpoint: Mapping[str, Any], path: str 
 def restore_training_state(loop: FitState, checkpoint: Mapping[str, Any], path: str | Path) -> None:
     """Optimizers, schedulers, precision, loop progress, callbacks, RNG, in that order."""
     s, trainer = loop.strategy, loop.trainer
+    check_resumable(checkpoint, path, bool(loop.optimizers))
     saved_opts = checkpoint.get("optimizer_states", [])
     if len(saved_opts) != len(loop.optimizers):
         raise CheckpointLoadError(

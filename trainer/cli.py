@@ -13,6 +13,7 @@ import argparse
 import difflib
 import importlib
 import inspect
+import io
 import os
 import random
 import re
@@ -116,21 +117,51 @@ class _Sources:
         return CLIError(f"{self.origin(key)}: {key}: {message}")
 
 
+def _read_text(path: str) -> str:
+    """The file's text; a file that is not UTF-8 (YAML's encoding here) is named with the first bad byte's place."""
+    if not Path(path).is_file():
+        raise CLIError(f"{path}: config file not found")
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise CLIError(f"{path}: cannot read the config file: {exc.strerror or exc}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise CLIError(
+            f"{path}: not UTF-8 text: byte 0x{raw[exc.start]:02x} at line {line}, column {column}; save the config "
+            "as UTF-8 (e.g. with iconv -f latin1 -t utf-8)"
+        ) from None
+
+
+def _load_file(path: str) -> Any:
+    """One config file as an OmegaConf mapping; malformed YAML and a top level that is not a mapping are named."""
+    text = _read_text(path)
+    try:
+        top = yaml.safe_load(text)  # only to name what the top level is, before omegaconf reads it
+        cfg = OmegaConf.load(io.StringIO(text)) if isinstance(top, dict) else None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise CLIError(f"{path}: malformed YAML{where}: {problem}") from None
+    if top is None:
+        return OmegaConf.create({})  # an empty file: the sections' checks below say what is missing
+    if cfg is None or not OmegaConf.is_dict(cfg):
+        raise CLIError(
+            f"{path}: the top level is {type(top).__name__} {top!r}, but a config must be a mapping of sections "
+            f"({', '.join(SECTIONS)}), e.g. model: {{class_path: package.module.Class}}"
+        )
+    return cfg
+
+
 def _load(paths: list[str], overrides: list[str], sources: _Sources) -> Any:
     """Read and merge the config files in order, then apply the dotted overrides."""
     configs = []
     for path in paths:
-        if not Path(path).is_file():
-            raise CLIError(f"{path}: config file not found")
-        try:
-            cfg = OmegaConf.load(path)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            raise CLIError(f"{path}: malformed YAML{where}: {problem}") from None
-        if not OmegaConf.is_dict(cfg):
-            raise CLIError(f"{path}: the top level must be a mapping of sections ({', '.join(SECTIONS)})")
+        cfg = _load_file(path)
         configs.append(cfg)
         sources.items.append((path, OmegaConf.to_container(cfg, resolve=False)))
     for item in overrides:
@@ -305,6 +336,9 @@ def _check_layout(config: dict[str, Any], sources: _Sources) -> None:
     for section in ("model", "data"):
         if section in config and config[section] is not None and not _is_spec(config[section]):
             raise sources.error(section, "must name a class with class_path (and init_args) or _target_")
+    if "trainer" in config and config["trainer"] is None:  # `trainer:` with every line under it commented out
+        raise sources.error("trainer", "is empty (null), so every Trainer argument would silently take its "
+                            "default; give the arguments (trainer: {max_epochs: 10, ...}) or remove the section")
 
 
 def _check_run_options(config: dict[str, Any], sources: _Sources) -> None:

@@ -28,10 +28,16 @@ if TYPE_CHECKING:
     from strategies.base import Strategy
     from trainer.fit_state import FitState
     from trainer.preemption import StopSignals
+    from trainer.results import ResultCollection
 
-# Slots of the step agreement vector.
-_STOP, _SKIP, _NONFINITE, _LAST, _MORE, _KEYS, _NEG_KEYS, _TIME_UP = range(8)
-_SIZE = 8
+# Slots of the step agreement vector. _DRY: this rank's data ended before this batch (it has no batch here).
+_STOP, _SKIP, _NONFINITE, _LAST, _MORE, _KEYS, _NEG_KEYS, _TIME_UP, _DRY = range(9)
+_SIZE = 9
+
+
+_EQUAL_COUNTS = ("Every rank must see the same number of batches: keep use_distributed_sampler=True, or make your "
+                 "sampler/dataset yield equal counts per rank (drop_last, or pad), with a __len__ that matches what "
+                 "it yields.")
 
 
 class NonFiniteLossError(TrainerError, FloatingPointError):
@@ -131,21 +137,44 @@ class ControlPlane:
         agreed = self._strategy.agree(flags)
         schedule.time_up_agreed = schedule.time_up_agreed or bool(agreed[_TIME_UP])  # max_time: on every rank at once
         self.clock.agreed(loop.progress.total_batches)
+        self._check_data_left(loop, agreed)  # first: a rank without a batch logged nothing, names would differ
         if agreed[_KEYS] != -agreed[_NEG_KEYS]:
             self._raise_key_mismatch(pending, "training_step")
         if agreed[_NONFINITE]:
             raise self._nonfinite(loop, agreed[_NONFINITE] - 1, loss)
-        if agreed[_LAST] and agreed[_MORE]:
-            progress = loop.progress
-            raise DistributedDesyncError(
-                f"rank {agreed[_LAST] - 1} ran out of training data at batch {progress.epoch_batches} of "
-                f"epoch {progress.current_epoch}, but rank {agreed[_MORE] - 1} has more batches. Every rank must see "
-                "the same number of batches: keep use_distributed_sampler=True, or make your sampler/dataset yield "
-                "equal counts per rank (drop_last, or pad)."
-            )
         results.flush_sync()
         self.stop_signal = agreed[_STOP]
         return bool(agreed[_SKIP])
+
+    def ran_dry(self, loop: FitState) -> None:
+        """This rank's training data ended before the batch its loader announced (an IterableDataset empty here, a
+        sampler whose __len__ overstates): it meets the other ranks at the agreement of the batch it does not have,
+        so that every rank raises there instead of waiting in a collective this rank never joins. Several ranks
+        ending together (all dry) is a shorter epoch, as a plain loop would have."""
+        if self._world == 1:
+            return
+        flags = [0] * _SIZE
+        flags[_STOP] = self.signals.received
+        flags[_DRY] = self._rank + 1
+        agreed = self._strategy.agree(flags)
+        self._check_data_left(loop, agreed)
+        self.stop_signal = agreed[_STOP]
+
+    def _check_data_left(self, loop: FitState, agreed: list[int]) -> None:
+        batch, epoch = loop.progress.epoch_batches, loop.progress.current_epoch
+        has_batch = agreed[_MORE] or agreed[_LAST]
+        if agreed[_DRY] and has_batch:
+            raise DistributedDesyncError(
+                f"rank {agreed[_DRY] - 1} has no training batch {batch} of epoch {epoch}: its data ended after "
+                f"{batch} batch(es) (an IterableDataset that yields less on that rank, or a sampler whose __len__ "
+                f"overstates what it yields), but rank {has_batch - 1} has that batch. "
+                f"{_EQUAL_COUNTS}"
+            )
+        if agreed[_LAST] and agreed[_MORE]:
+            raise DistributedDesyncError(
+                f"rank {agreed[_LAST] - 1} ran out of training data at batch {batch} of epoch {epoch}, but rank "
+                f"{agreed[_MORE] - 1} has more batches. {_EQUAL_COUNTS}"
+            )
 
     def _nonfinite(self, loop: FitState, rank: int, loss: Tensor | None) -> NonFiniteLossError:
         what = f"{loss.item()}" if loss is not None and rank == self._rank else "not finite"
@@ -173,6 +202,37 @@ class ControlPlane:
             "would leave the others waiting in a collective. Keep use_distributed_sampler=True, or make your "
             "sampler give every rank the same count (drop_last=True, or pad), or set limit_train_batches."
         )
+
+    def eval_batch_counts(self, count: int | float) -> list[int] | None:
+        """Before each evaluation loader: None when every rank has the same known number of batches (always with
+        one process), else each rank's count (-1: no length). Evaluation shards without padding, so the counts may
+        differ; the steps that not every rank has are then joined by all (`reduce_eval_step`). One collective."""
+        if self._world == 1:
+            return None
+        n = -1 if count == math.inf else int(count)
+        agreed = self._strategy.agree([n, -n])
+        return None if agreed[0] == -agreed[1] >= 0 else self._strategy.all_gather_object(n)
+
+    def reduce_eval_step(self, results: ResultCollection, more: bool = False) -> bool:
+        """A round of an evaluation whose ranks may have different numbers of steps: every rank joins, a rank that
+        has run out with nothing to add. The per-step sync_dist values logged since the last round are reduced over
+        the ranks that logged them (a mean over the ranks that have the step: no padded duplicate counts). `more`:
+        this rank has a step after this one. Returns whether any rank has. One small all-reduce; the values travel
+        only when some rank logged one."""
+        pending = results.take_pending_sync()
+        logged, more_anywhere = self._strategy.agree([int(bool(pending)), int(more)])
+        if logged:
+            sent = [(e.name, e.step_value.detach().cpu()) for e in pending if e.step_value is not None]
+            values: dict[str, list[Tensor]] = {}
+            for per_rank in self._strategy.all_gather_object(sent):
+                for name, value in per_rank:
+                    values.setdefault(name, []).append(value)
+            for entry in pending:
+                if entry.step_value is not None:
+                    stacked = torch.stack(values[entry.name])
+                    reduced = stacked.mean() if entry.reduce_fx == "mean" else getattr(stacked, entry.reduce_fx)()
+                    entry.step_value = reduced.to(entry.step_value.device)
+        return bool(more_anywhere)
 
     def check_sync_keys(self, keys: list[str], where: str) -> None:
         """Before reducing epoch metrics with sync_dist: every rank must reduce the same names, in order."""

@@ -7,6 +7,7 @@ work starts, with a message naming the flag and the accepted values.
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 from datetime import timedelta
@@ -60,6 +61,34 @@ class RunSpec:
     terminate_on_nan: bool
     agree_every_n_steps: int
     checkpoint_on_interrupt: bool
+
+
+# The kind of each flag whose type a wrong value would otherwise slip past: a bool flag takes True or False only
+# (bool('false') is True, so a string from a config file or a command line would silently mean the opposite);
+# a path flag takes a str or os.PathLike (or None). Checked first, before any value is used.
+_BOOL = "bool"
+_PATH = "path"
+_FLAG_KINDS: dict[str, str] = {
+    "enable_checkpointing": _BOOL, "enable_progress_bar": _BOOL, "enable_model_summary": _BOOL,
+    "use_distributed_sampler": _BOOL, "detect_anomaly": _BOOL, "terminate_on_nan": _BOOL,
+    "checkpoint_on_interrupt": _BOOL,
+    "default_root_dir": _PATH,
+}
+
+
+def _check_kinds(flags: dict[str, Any]) -> None:
+    """Refuse a value of the wrong kind for every flag in the table, naming the flag and the fix."""
+    for name, kind in _FLAG_KINDS.items():
+        value = flags[name]
+        if kind == _BOOL and not isinstance(value, bool):
+            hint = (" A string is not a bool (bool('false') is True): pass the Python value, or write true/false "
+                    "unquoted in a YAML config.") if isinstance(value, str) else ""
+            raise ConfigError(f"{name}={value!r} is not valid: use True or False.{hint}")
+        if kind == _PATH and value is not None and not isinstance(value, (str, os.PathLike)):
+            raise ConfigError(
+                f"{name}={value!r} is not valid: use a path (a str or pathlib.Path, or an fsspec URL such as "
+                f"'s3://bucket/run'), or None for the current directory; got {type(value).__name__}."
+            )
 
 
 def _check_int(name: str, value: Any, minimum: int, extra: str = "") -> int:
@@ -176,6 +205,7 @@ def parse_flags(  # noqa: C901  # one check per flag until the single flag table
     `hardware` defaults to what this machine has; tests pass another to resolve, say, 4 nodes of
     8 GPUs on a CPU-only machine without starting anything.
     """
+    _check_kinds(locals())
     if gpus is not None:
         if accelerator not in ("auto", "gpu", "cuda"):
             raise ConfigError(
@@ -223,8 +253,6 @@ def parse_flags(  # noqa: C901  # one check per flag until the single flag table
         raise ConfigError(f"gradient_clip_algorithm={gradient_clip_algorithm!r} is not valid: use 'norm' or 'value'.")
     _check_int("log_every_n_steps", log_every_n_steps, 1)
     _check_int("agree_every_n_steps", agree_every_n_steps, 1)
-    if not isinstance(checkpoint_on_interrupt, bool):
-        raise ConfigError(f"checkpoint_on_interrupt={checkpoint_on_interrupt!r} is not valid: use True or False.")
     if deterministic not in (True, False, "warn"):
         raise ConfigError(f"deterministic={deterministic!r} is not valid: use True, False or 'warn'.")
 
@@ -246,9 +274,9 @@ def parse_flags(  # noqa: C901  # one check per flag until the single flag table
         gradient_clip_algorithm=gradient_clip_algorithm, log_every_n_steps=log_every_n_steps,
         default_root_dir=to_path(default_root_dir) if default_root_dir is not None else Path.cwd(),
         deterministic=deterministic, fast_dev_run=dev_run,
-        enable_checkpointing=bool(enable_checkpointing) and not dev_run,
-        enable_progress_bar=bool(enable_progress_bar), enable_model_summary=bool(enable_model_summary),
-        use_distributed_sampler=bool(use_distributed_sampler), detect_anomaly=bool(detect_anomaly),
-        terminate_on_nan=bool(terminate_on_nan), agree_every_n_steps=agree_every_n_steps,
+        enable_checkpointing=enable_checkpointing and not dev_run,
+        enable_progress_bar=enable_progress_bar, enable_model_summary=enable_model_summary,
+        use_distributed_sampler=use_distributed_sampler, detect_anomaly=detect_anomaly,
+        terminate_on_nan=terminate_on_nan, agree_every_n_steps=agree_every_n_steps,
         checkpoint_on_interrupt=checkpoint_on_interrupt,
     )

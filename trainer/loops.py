@@ -5,6 +5,7 @@ between single device, DP, DDP and ZeRO is behind `loop.strategy`. They take the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -110,38 +111,16 @@ def train_one_batch_manual(loop: FitState, batch: Any, batch_idx: int, is_last: 
 
 def run_train_epoch(loop: FitState) -> None:
     """One training epoch, with validation wherever it is due."""
-    s, progress, results, schedule = loop.strategy, loop.progress, loop.train_results, loop.schedule
-    metrics, position, control = loop.metrics, loop.position, loop.control
+    progress, schedule, position = loop.progress, loop.schedule, loop.position
     loader, num_batches = loop.loaders.train, schedule.num_training_batches
-    resume.before_epoch(loop)
-    data.set_epoch(loader, progress.current_epoch)
-    loop.trainer.state.stage = RunningStage.TRAINING
-    s.module.train()
-    step_fn = train_one_batch if loop.automatic else train_one_batch_manual
-    call_hook(loop, "on_train_epoch_start")
-    iterator, start = resume.open_epoch(loop, loader)
-    progress.epoch_batches, progress.epoch_finished = start, False
-    control.check_batch_counts(num_batches)
-    if start and not progress.val_started and schedule.val_due(start - 1, start == num_batches):
-        _validate_during_fit(loop)  # the save came before the validation due after that batch
+    iterator, start = _start_epoch(loop, loader)
     runs_out, sampler, stopped = data.runs_out(loader, num_batches), resumable_sampler(loader), False
     position.before_fetch(sampler)
+    last_seen = False
     for batch_idx, batch, is_last in data.iterate(iterator, num_batches, start):
-        position.set(Phase.BATCH_STARTED)
-        progress.val_started = False
-        batch = s.batch_to_device(batch)
-        results.set_batch(batch)
-        if call_hook(loop, "on_train_batch_start", batch, batch_idx) == -1:
+        last_seen = is_last
+        if not _train_batch(loop, batch, batch_idx, is_last):
             break
-        outputs = step_fn(loop, batch, batch_idx, is_last)
-        progress.epoch_batches += 1
-        progress.total_batches += 1
-        position.set(Phase.BETWEEN_BATCHES)
-        call_hook(loop, "on_train_batch_end", outputs, batch, batch_idx)
-        if metrics.loggers:
-            metrics.step_end(results, progress.total_batches, progress.global_step, progress.current_epoch)
-        if control.stop_signal:  # agreed by every rank after this same batch
-            preemption.stop_and_exit(loop.trainer, control.stop_signal)
         if is_last and runs_out:
             data.run_out(iterator)  # as a plain `for` loop over the loader does
         if schedule.val_due(batch_idx, is_last):
@@ -150,10 +129,58 @@ def run_train_epoch(loop: FitState) -> None:
             stopped = not is_last
             break
         position.before_fetch(sampler)
+    else:
+        if not last_seen and num_batches > start:  # the data ended before the announced last batch
+            loop.control.ran_dry(loop)
+            _stop_on_agreed_signal(loop)
     if stopped:  # the fit ends inside this epoch: checkpoints from here on continue it (trainer/position.py)
         resume.freeze_at_stop(loop)
     progress.epoch_finished = True
     _train_epoch_end(loop, complete=not stopped)
+
+
+def _start_epoch(loop: FitState, loader: Any) -> tuple[Any, int]:
+    """Epoch set-up up to the first batch: sampler epoch, hooks, the iterator (positioned on resume), count check,
+    and a validation still due after the batch a mid-epoch checkpoint was taken at."""
+    progress, schedule = loop.progress, loop.schedule
+    num_batches = schedule.num_training_batches
+    resume.before_epoch(loop)
+    data.set_epoch(loader, progress.current_epoch)
+    loop.trainer.state.stage = RunningStage.TRAINING
+    loop.strategy.module.train()
+    call_hook(loop, "on_train_epoch_start")
+    iterator, start = resume.open_epoch(loop, loader)
+    progress.epoch_batches, progress.epoch_finished = start, False
+    loop.control.check_batch_counts(num_batches)
+    if start and not progress.val_started and schedule.val_due(start - 1, start == num_batches):
+        _validate_during_fit(loop)  # the save came before the validation due after that batch
+    return iterator, start
+
+
+def _train_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> bool:
+    """One batch with its hooks, logging and an agreed stop; False when on_train_batch_start returned -1."""
+    progress, results, metrics, position = loop.progress, loop.train_results, loop.metrics, loop.position
+    position.set(Phase.BATCH_STARTED)
+    progress.val_started = False
+    batch = loop.strategy.batch_to_device(batch)
+    results.set_batch(batch)
+    if call_hook(loop, "on_train_batch_start", batch, batch_idx) == -1:
+        return False
+    step_fn = train_one_batch if loop.automatic else train_one_batch_manual
+    outputs = step_fn(loop, batch, batch_idx, is_last)
+    progress.epoch_batches += 1
+    progress.total_batches += 1
+    position.set(Phase.BETWEEN_BATCHES)
+    call_hook(loop, "on_train_batch_end", outputs, batch, batch_idx)
+    if metrics.loggers:
+        metrics.step_end(results, progress.total_batches, progress.global_step, progress.current_epoch)
+    _stop_on_agreed_signal(loop)
+    return True
+
+
+def _stop_on_agreed_signal(loop: FitState) -> None:
+    if loop.control.stop_signal:  # agreed by every rank after this same batch
+        preemption.stop_and_exit(loop.trainer, loop.control.stop_signal)
 
 
 def _validate_during_fit(loop: FitState) -> None:
@@ -232,13 +259,7 @@ def run_evaluation(loop: FitState, stage: RunningStage) -> list[dict[str, float]
         with torch.no_grad():
             for dl_idx, (loader, limit) in enumerate(zip(loaders, limits, strict=True)):
                 results.key_suffix = f"/dataloader_idx_{dl_idx}" if many else ""
-                extra = (dl_idx,) if many else ()
-                for batch_idx, batch, _ in data.iterate(loader, limit):
-                    batch = s.batch_to_device(batch)
-                    results.set_batch(batch)
-                    call_hook(loop, f"on_{prefix}_batch_start", batch, batch_idx, *extra)
-                    out = loop.run_step(f"{prefix}_step", batch, batch_idx, *extra)
-                    call_hook(loop, f"on_{prefix}_batch_end", out, batch, batch_idx, *extra)
+                _evaluate_loader(loop, results, loader, limit, prefix, (dl_idx,) if many else ())
         results.key_suffix = ""
         metrics = _eval_epoch_end(loop, results, stage, prefix)
         if stage == RunningStage.VALIDATING:
@@ -249,6 +270,33 @@ def run_evaluation(loop: FitState, stage: RunningStage) -> list[dict[str, float]
         module.train(was_training)
     state.stage = previous_stage
     return _split_by_loader(metrics, len(loaders))
+
+
+def _evaluate_loader(loop: FitState, results: Any, loader: Any, limit: int | float, prefix: str,
+                     extra: tuple[int, ...]) -> None:
+    """One evaluation loader. Its shards may hold different numbers of batches on different ranks (no padding, or
+    no length): from the first step some rank may lack, every step is a round that every rank joins
+    (`reduce_eval_step`, before and after the batch-end hook), so a per-step sync_dist value never leaves a rank
+    waiting; a rank that has run out joins the remaining rounds with nothing to add."""
+    s, control = loop.strategy, loop.control
+    counts = control.eval_batch_counts(limit)  # None: the same known count on every rank (or one process)
+    joined_from = math.inf if counts is None else max(min(counts), 0)  # counts known and different: the fewest
+    more = counts is not None  # whether this rank must join the round at joined_from (or after its last step)
+    for batch_idx, batch, is_last in data.iterate(loader, limit):
+        results.defer_eval_sync = joined = batch_idx >= joined_from
+        batch = s.batch_to_device(batch)
+        results.set_batch(batch)
+        call_hook(loop, f"on_{prefix}_batch_start", batch, batch_idx, *extra)
+        out = loop.run_step(f"{prefix}_step", batch, batch_idx, *extra)
+        if joined:  # reduced before the batch-end hook reads it, as a value reduced in self.log would be
+            control.reduce_eval_step(results)
+        call_hook(loop, f"on_{prefix}_batch_end", out, batch, batch_idx, *extra)
+        if joined:
+            more = control.reduce_eval_step(results, more=not is_last)
+    results.defer_eval_sync = False
+    while counts is not None and more:  # rounds of steps this rank does not have
+        control.reduce_eval_step(results)
+        more = control.reduce_eval_step(results)
 
 
 def _eval_epoch_end(loop: FitState, results: Any, stage: RunningStage, prefix: str) -> dict[str, float]:

@@ -116,6 +116,9 @@ class ResultCollection:
         self._check_keys = check_keys  # control plane: every rank reduces the same names (trainer/control.py)
         self.defer_sync = False  # training_step's sync_dist step values wait for the step agreement
         self._pending_sync: list[_Entry] = []
+        # Evaluation shards may hold different batch counts (trainer/control.py): in the steps not every rank may
+        # have, per-step sync_dist values wait for a reduction that every rank joins.
+        self.defer_eval_sync = False
         self.entries: dict[str, _Entry] = {}
         self.current_fx: str | None = None
         self.key_suffix = ""
@@ -186,8 +189,9 @@ class ResultCollection:
         return step, epoch
 
     def _set_step_value(self, entry: _Entry, value: Tensor, sync_dist: bool, reduce_fx: str) -> None:
-        """The step value: synced now, or (training_step with deferred sync) in one collective after the step."""
-        if sync_dist and self.defer_sync and self.current_fx == "training_step":
+        """The step value: synced now, or later in one collective (training_step with deferred sync: after the
+        step; an evaluation with uneven shards: over the ranks that have the step)."""
+        if sync_dist and (self.defer_eval_sync or (self.defer_sync and self.current_fx == "training_step")):
             entry.step_value = value
             self._pending_sync.append(entry)
         else:
@@ -233,6 +237,11 @@ class ResultCollection:
     def pending_sync_keys(self) -> list[str]:
         """Names of the sync_dist step values logged in this training_step, not reduced yet."""
         return [entry.name for entry in self._pending_sync]
+
+    def take_pending_sync(self) -> list[_Entry]:
+        """The deferred sync_dist step entries, for a caller that reduces them itself; the list is emptied."""
+        pending, self._pending_sync = self._pending_sync, []
+        return pending
 
     def flush_sync(self) -> None:
         """Reduce the deferred sync_dist step values (after the ranks agreed on their names)."""

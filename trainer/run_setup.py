@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from strategies.checkpoint_io import find_checkpoints
-from strategies.distributed import rank_zero_info
+from strategies.checkpoint_io import checkpoint_problem, find_checkpoints
+from strategies.distributed import rank_zero_info, rank_zero_warn
 from strategies.exceptions import ConfigError, MisconfigurationError
 from strategies.filesystem import AnyPath, join, parent, to_path
 from trainer import data
@@ -158,4 +158,15 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | Path | None) -> AnyPath
     if not candidates:
         rank_zero_info("ckpt_path='last' found no checkpoint; starting from scratch.")
         return None
-    return max(candidates, key=lambda found: found[0])[1]
+    return _newest_intact(sorted(candidates, key=lambda found: found[0], reverse=True))
+
+
+def _newest_intact(candidates: list[tuple[int, AnyPath]]) -> AnyPath:
+    """The newest checkpoint that passes its integrity check; each damaged newer one is named in a warning. When
+    none is intact, the newest is returned and its load reports the damage."""
+    for _, path in candidates:
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path
+        rank_zero_warn(f"ckpt_path='last': skipping the damaged checkpoint {path} ({problem}); trying an older one.")
+    return candidates[0][1]

@@ -1,8 +1,11 @@
-"""BI-11: uneven data across ranks is a clear DistributedDesyncError on every rank, never a hang."""
+"""BI-11, BI-13: uneven data across ranks is a clear DistributedDesyncError on every rank, never a hang or a gloo
+abort: per-rank batch counts that differ, an IterableDataset that runs out (or is empty) on one rank, a sampler whose
+__len__ overstates what it yields, and a per-step sync_dist in an evaluation whose shards are uneven."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -40,11 +43,42 @@ class RankSizedStream(IterableDataset):
         return iter(data[: 5 if self.rank == 0 else 4])
 
 
-def _fit_and_report(rank: int, kind: str) -> str:
+class EmptyStream(IterableDataset):
+    """An IterableDataset that yields 4 samples on rank 0 and nothing at all on rank 1."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(RandomDataset(32, 64).data[: 0 if self.rank == 1 else 4])
+
+
+class OverstatingSampler(Sampler[int]):
+    """Says 20 indices (5 batches of 4) but yields 16 on the ranks in `short`."""
+
+    def __init__(self, rank: int, short: tuple[int, ...]) -> None:
+        self.count = 16 if rank in short else 20
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.count))
+
+    def __len__(self) -> int:
+        return 20
+
+
+def _loader(rank: int, kind: str) -> DataLoader:
     if kind == "sampler":
-        loader = DataLoader(RandomDataset(32, 64), batch_size=4, sampler=RankSizedSampler(rank))
-    else:
-        loader = DataLoader(RankSizedStream(rank), batch_size=1)
+        return DataLoader(RandomDataset(32, 64), batch_size=4, sampler=RankSizedSampler(rank))
+    if kind == "empty":
+        return DataLoader(EmptyStream(rank), batch_size=1)
+    if kind in ("overstating", "overstating everywhere"):
+        short = (1,) if kind == "overstating" else (0, 1)
+        return DataLoader(RandomDataset(32, 64), batch_size=4, sampler=OverstatingSampler(rank, short))
+    return DataLoader(RankSizedStream(rank), batch_size=1)
+
+
+def _fit_and_report(rank: int, kind: str) -> str:
+    loader = _loader(rank, kind)
     trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, logger=False,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                       use_distributed_sampler=False, num_sanity_val_steps=0, limit_val_batches=0)
@@ -69,3 +103,82 @@ def test_iterable_dataset_of_unequal_lengths_fails_where_one_rank_runs_out():
     for message in messages:
         assert "rank 1 ran out of training data at batch 3" in message and "rank 0 has more" in message, message
         assert message.endswith("steps=3"), message
+
+
+@pytest.mark.timeout(90)
+def test_iterable_dataset_empty_on_one_rank_fails_at_the_first_step():
+    messages = run_distributed(_fit_and_report, "empty", timeout=60)
+    for message in messages:
+        assert message.startswith("rank 1 has no training batch 0 of epoch 0: its data ended after 0 batch(es)"), \
+            message
+        assert "but rank 0 has that batch" in message and message.endswith("steps=0"), message
+
+
+@pytest.mark.timeout(90)
+def test_sampler_whose_len_overstates_fails_where_it_runs_short():
+    messages = run_distributed(_fit_and_report, "overstating", timeout=60)
+    for message in messages:
+        assert message.startswith("rank 1 has no training batch 4 of epoch 0: its data ended after 4 batch(es)"), \
+            message
+        assert "a sampler whose __len__ overstates" in message and message.endswith("steps=4"), message
+
+
+@pytest.mark.timeout(90)
+def test_samplers_that_overstate_alike_on_every_rank_end_the_epoch_together():
+    """Every rank's data ends at the same batch: a shorter epoch, as a plain loop over the loader would have."""
+    assert run_distributed(_fit_and_report, "overstating everywhere", timeout=60) == ["no error | steps=4"] * 2
+
+
+class StepSyncedValidation(BoringModel):
+    """Logs a per-step synced value and records what it became after each batch (eval step values are not in
+    callback_metrics, so the record reads the running results)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[float] = []
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        self.log("val_step_loss", self(batch).sum(), on_step=True, on_epoch=False, sync_dist=True)
+
+    def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.seen.append(float(self.trainer._results.step_metrics("callback")["val_step_loss"]))
+
+
+def _validate_uneven(rank: int, kind: str) -> Any:
+    trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_progress_bar=False,
+                      enable_model_summary=False)
+    torch.manual_seed(0)
+    model = StepSyncedValidation()
+    # 7 samples, batch size 1, sharded without padding: rank 0 has samples 0, 2, 4, 6, rank 1 has 1, 3, 5
+    data = DataLoader(RandomDataset(32, 7), batch_size=1) if kind == "sized" else \
+        DataLoader(RankSizedStream(rank), batch_size=1)
+    try:
+        trainer.validate(model, data)
+    except DistributedDesyncError as err:
+        return str(err)
+    return model.seen
+
+
+@pytest.mark.timeout(90)
+def test_per_step_sync_dist_in_uneven_validation_is_reduced_over_the_ranks_that_have_the_step():
+    """Lightning pads the shards and runs; here every rank joins the step only rank 0 has, and the value there is
+    rank 0's alone (a mean over the ranks that have the step: no padded duplicate)."""
+    seen = run_distributed(_validate_uneven, "sized", timeout=60)
+    torch.manual_seed(0)
+    model, data = StepSyncedValidation(), RandomDataset(32, 7).data
+    with torch.no_grad():
+        losses = [float(model(data[i:i + 1]).sum()) for i in range(7)]
+    expected = [(losses[0] + losses[1]) / 2, (losses[2] + losses[3]) / 2, (losses[4] + losses[5]) / 2, losses[6]]
+    assert seen[0] == pytest.approx(expected, rel=1e-6) and seen[1] == pytest.approx(expected[:3], rel=1e-6), seen
+
+
+@pytest.mark.timeout(90)
+def test_per_step_sync_dist_in_validation_without_lengths_is_reduced_over_the_ranks_that_have_the_step():
+    """Loaders without a length (5 samples on rank 0, 4 on rank 1): the rank that runs out joins the last step."""
+    seen = run_distributed(_validate_uneven, "stream", timeout=60)
+    torch.manual_seed(0)
+    model, data = StepSyncedValidation(), RandomDataset(32, 64).data
+    with torch.no_grad():
+        losses = [float(model(data[i:i + 1]).sum()) for i in range(5)]
+    # both ranks stream the same first 4 samples (a mean of equal values); the 5th step is rank 0's alone
+    assert seen[0] == pytest.approx(losses, rel=1e-6) and seen[1] == pytest.approx(losses[:4], rel=1e-6), seen

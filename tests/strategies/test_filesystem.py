@@ -20,6 +20,7 @@ from strategies.checkpoint_io import (
 )
 from strategies.exceptions import CheckpointLoadError, CheckpointSaveError, ConfigError
 from strategies.filesystem import is_remote, join, parent, to_path
+from tests.helpers.owners import dead_owner_tag
 from trainer import Trainer
 
 
@@ -83,10 +84,11 @@ def test_uncommitted_data_is_ignored_and_cleaned(memory_root):
     folder = f"{memory_root}/ck"
     atomic_save(_state(1), f"{folder}/a.ckpt")
     fs = fsspec.filesystem("memory")
-    fs.pipe_file(_inner(f"{folder}/b.ckpt.data-deadbeef"), b"half a checkpoint")  # a save that died
+    dead = f"b.ckpt.data-{dead_owner_tag()}"
+    fs.pipe_file(_inner(f"{folder}/{dead}"), b"half a checkpoint")  # a save that died
     assert [p for _, p in find_checkpoints(folder)] == [fs.unstrip_protocol(_inner(f"{folder}/a.ckpt"))]
     removed = remove_stale_temp_files(folder)
-    assert [r.rsplit("/", 1)[1] for r in removed] == ["b.ckpt.data-deadbeef"]
+    assert [r.rsplit("/", 1)[1] for r in removed] == [dead]
     assert safe_load(f"{folder}/a.ckpt")["version"] == 1
 
 

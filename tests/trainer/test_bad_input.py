@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import re
 from typing import Any
 
 import pytest
@@ -147,3 +149,34 @@ def test_two_optimizers_need_manual_optimization():
 
     with pytest.raises(MisconfigurationError, match=r"automatic optimization supports one"):
         Trainer(max_epochs=1, **QUIET).fit(Two())
+
+
+_BOOL_FLAGS = [name for name, p in inspect.signature(Trainer.__init__).parameters.items() if p.annotation == "bool"]
+
+
+def test_the_bool_flags_are_found():
+    assert {"use_distributed_sampler", "enable_checkpointing", "checkpoint_on_interrupt"} <= set(_BOOL_FLAGS)
+
+
+@pytest.mark.parametrize("name", _BOOL_FLAGS)
+@pytest.mark.parametrize("value", ["false", "True", 1, None])
+def test_every_bool_flag_refuses_what_is_not_a_bool(name: str, value: Any):
+    """bool('false') is True: a string from a config would silently mean the opposite of what it says."""
+    with pytest.raises(ConfigError, match=rf"^{name}={value!r} is not valid: use True or False\."):
+        Trainer(**{name: value})
+
+
+def test_a_string_bool_names_the_fix():
+    with pytest.raises(ConfigError, match=r"use_distributed_sampler='false' .*bool\('false'\) is True.*unquoted"):
+        Trainer(use_distributed_sampler="false")
+
+
+@pytest.mark.parametrize("value", [123, 1.5, ["runs"], b"runs"])
+def test_default_root_dir_refuses_what_is_not_a_path(value: Any):
+    with pytest.raises(ConfigError, match=rf"default_root_dir={re.escape(repr(value))} is not valid: use a path"):
+        Trainer(default_root_dir=value)
+
+
+def test_default_root_dir_takes_str_and_pathlike(tmp_path: Any):
+    assert Trainer(default_root_dir=str(tmp_path), **QUIET).default_root_dir == str(tmp_path)
+    assert Trainer(default_root_dir=tmp_path, **QUIET).default_root_dir == str(tmp_path)

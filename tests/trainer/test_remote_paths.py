@@ -17,6 +17,7 @@ import torch
 from callbacks import ModelCheckpoint
 from strategies.checkpoint_io import find_checkpoints
 from tests.helpers.boring import QUIET, BoringModel
+from tests.helpers.owners import dead_owner_tag
 from trainer import Trainer
 from trainer.loggers import CSVLogger, Logger, TensorBoardLogger
 
@@ -72,12 +73,13 @@ def test_last_ignores_a_checkpoint_whose_commit_never_landed(memory_root):
     fs, inner = fsspec.core.url_to_fs(ckpts)
     buffer = io.BytesIO()
     torch.save({"format_version": 1}, buffer)
-    fs.pipe_file(f"{inner}/epoch=9-step=99.ckpt.data-0123", buffer.getvalue())  # data written, no record
+    orphan = f"epoch=9-step=99.ckpt.data-{dead_owner_tag()}"  # written by a process that died before its commit
+    fs.pipe_file(f"{inner}/{orphan}", buffer.getvalue())  # data written, no record
     trainer = Trainer(**{**FIT, "max_epochs": 3, "enable_checkpointing": True},
                       callbacks=[ModelCheckpoint(dirpath=ckpts)])
     trainer.fit(BoringModel(), ckpt_path="last")
     assert trainer.global_step == 6
-    assert not any(".data-0123" in f for f in _files(ckpts))  # cleaned at fit start
+    assert not any(orphan in f for f in _files(ckpts))  # cleaned at fit start
 
 
 def test_csv_logger_on_a_url(memory_root):

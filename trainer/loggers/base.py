@@ -30,6 +30,22 @@ def next_version(root: AnyPath) -> int:
     return max(found) + 1 if found else 0
 
 
+def claim_version(root: AnyPath) -> int:
+    """Claim the next free `version_N` under `root` by creating it: an exclusive mkdir, so two runs started at once
+    (processes on one machine, or machines sharing a filesystem) never get the same folder. An object store has
+    no folders and no exclusive create: there the next free number is taken as it is (docs/reliability.md)."""
+    version = next_version(root)
+    if not isinstance(root, Path):
+        return version
+    root.mkdir(parents=True, exist_ok=True)
+    while True:
+        try:
+            (root / f"version_{version}").mkdir()
+            return version
+        except FileExistsError:
+            version += 1
+
+
 def run_folder(logger: Logger, default_root_dir: str | Path) -> AnyPath:
     """Where this run's files go besides the logger's own: its `log_dir`, or for a logger without a folder
     `<save_dir or default_root_dir>/<name>/<version>` (e.g. `<root>/<experiment id>/<run id>` for MLflow)."""
@@ -144,6 +160,8 @@ class Logger(ABC):
 class VersionedFolderLogger(Logger):
     """A logger writing under `save_dir/name/version_N` (N = next free one unless `version` is given).
 
+    The free version is claimed by creating its folder (see `claim_version`) when rank 0 first asks for it.
+
     `save_dir` may be an fsspec URL (`s3://bucket/logs`, `memory://logs`).
     """
 
@@ -159,7 +177,7 @@ class VersionedFolderLogger(Logger):
     @property
     def version(self) -> int | str:
         if self._version is None:
-            self._version = next_version(join(self._save_dir, self._name))
+            self._version = claim_version(join(self._save_dir, self._name))
         return self._version
 
     @property
