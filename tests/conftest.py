@@ -4,11 +4,19 @@ and torch threads restored afterwards, so tests cannot leak into each other or t
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 import torch
 
 from strategies.distributed import rank_zero_only
+
+# Ctrl-C as from a terminal, whatever started pytest: a background job of a non-interactive script (`cmd &`,
+# as a CI runner may start it) inherits SIGINT ignored, and an ignored signal stays ignored across exec, so the
+# Trainer (which leaves a SIGINT disposition it did not install alone) and every process the tests start would
+# never see the Ctrl-C the interrupt tests send. Python's own handler is reset to the default across exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)

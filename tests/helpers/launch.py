@@ -12,8 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,21 +142,6 @@ def _kill_everything(procs: list[subprocess.Popen], out: Path) -> None:
     _survivors(_recorded_pids(out), {proc.pid for proc in procs}, grace_s=5.0)
 
 
-@contextmanager
-def _terminal_sigint() -> Iterator[None]:
-    """Started processes get Ctrl-C as under a terminal, even when pytest itself runs with SIGINT ignored (`cmd &`
-    in a non-interactive script): an ignored signal stays ignored across exec, a handler is reset to the default."""
-    previous = signal.getsignal(signal.SIGINT)
-    if previous is not signal.SIG_IGN:
-        yield
-        return
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def launch(commands: list[tuple[list[str], dict[str, str]]], out: Path, timeout: float = LAUNCH_TIMEOUT_S,
            grace_s: float = 3.0) -> list[Finished]:
     """Start every command at once (each in its own session), wait for all with one deadline, and make sure that
@@ -168,12 +151,11 @@ def launch(commands: list[tuple[list[str], dict[str, str]]], out: Path, timeout:
     procs: list[subprocess.Popen] = []
     logs = []
     try:
-        with _terminal_sigint():
-            for i, (cmd, env) in enumerate(commands):
-                log = open(out / f"launch{i}.log", "w+")  # files, not pipes: concurrent ranks cannot block on output
-                logs.append(log)
-                procs.append(subprocess.Popen(cmd, env=env, cwd=out.parent, stdout=log, stderr=subprocess.STDOUT,
-                                              stdin=subprocess.DEVNULL, start_new_session=True))
+        for i, (cmd, env) in enumerate(commands):
+            log = open(out / f"launch{i}.log", "w+")  # files, not pipes: concurrent ranks cannot block on output
+            logs.append(log)
+            procs.append(subprocess.Popen(cmd, env=env, cwd=out.parent, stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, start_new_session=True))
         deadline = start + timeout
         timed_out = False
         hung_text: list[str] = []
