@@ -18,7 +18,7 @@ from trainer import checkpoint as ckpt
 from trainer import failure, loops
 from trainer.control import ControlPlane
 from trainer.fit_state import FitState
-from trainer.flags import parse_flags
+from trainer.flags import FLAG_NAMES, parse_flags
 from trainer.hooks import HookDispatcher, _is_overridden, call_hook
 from trainer.metrics import MetricsRouter
 from trainer.optim import SchedulerStepper, normalize_optimizers
@@ -95,21 +95,8 @@ class Trainer(TrainerProperties):
         agree_every_n_steps: int = 1,
         checkpoint_on_interrupt: bool = False,
     ) -> None:
-        spec = parse_flags(
-            accelerator=accelerator, devices=devices, gpus=gpus, num_nodes=num_nodes, strategy=strategy,
-            precision=precision, max_epochs=max_epochs, min_epochs=min_epochs, max_steps=max_steps,
-            max_time=max_time, limit_train_batches=limit_train_batches, limit_val_batches=limit_val_batches,
-            limit_test_batches=limit_test_batches, limit_predict_batches=limit_predict_batches,
-            val_check_interval=val_check_interval, check_val_every_n_epoch=check_val_every_n_epoch,
-            num_sanity_val_steps=num_sanity_val_steps, accumulate_grad_batches=accumulate_grad_batches,
-            gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm,
-            log_every_n_steps=log_every_n_steps, default_root_dir=default_root_dir, deterministic=deterministic,
-            fast_dev_run=fast_dev_run, enable_checkpointing=enable_checkpointing,
-            enable_progress_bar=enable_progress_bar, enable_model_summary=enable_model_summary,
-            use_distributed_sampler=use_distributed_sampler, detect_anomaly=detect_anomaly,
-            terminate_on_nan=terminate_on_nan, agree_every_n_steps=agree_every_n_steps,
-            checkpoint_on_interrupt=checkpoint_on_interrupt,
-        )
+        given = locals()
+        spec = parse_flags(**{name: given[name] for name in FLAG_NAMES})
         if profiler is not None:
             raise ConfigError("profiler is not supported yet; pass profiler=None (use torch.profiler directly).")
         self.strategy = spec.strategy

@@ -1,5 +1,5 @@
-"""The Trainer's flags are written in three places (the constructor, `parse_flags`, the frozen `RunSpec`) and
-described in docs/index.md: they must name the same flags with the same defaults."""
+"""The Trainer's flags are defined once, in `trainer.flags.FLAGS`; the constructor's signature, the frozen
+`RunSpec` and docs/index.md must name the same flags, with the table's defaults."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ import inspect
 import re
 from pathlib import Path
 
+import pytest
+
+from strategies.exceptions import ConfigError
 from trainer import Trainer
-from trainer.flags import RunSpec, parse_flags
+from trainer.flags import FLAG_NAMES, FLAGS, RunSpec, parse_flags
 
 INDEX = Path(__file__).resolve().parents[2] / "docs" / "index.md"
 BUILT_BY_THE_TRAINER = {"callbacks", "logger", "profiler"}  # objects the Trainer builds itself, not spec values
@@ -37,17 +40,29 @@ def _documented_flags() -> set[str]:
     return names
 
 
-def test_constructor_and_parse_flags_take_the_same_flags_with_the_same_defaults():
+def test_the_constructor_takes_the_table_flags_with_the_table_defaults():
     trainer = _parameters(Trainer.__init__)
-    parsed = {name: p for name, p in _parameters(parse_flags).items() if name != "hardware"}
-    assert set(trainer) - BUILT_BY_THE_TRAINER == set(parsed)
-    assert {name: trainer[name].default for name in parsed} == {name: p.default for name, p in parsed.items()}
+    assert set(trainer) - BUILT_BY_THE_TRAINER == set(FLAG_NAMES)
+    assert {flag.name: trainer[flag.name].default for flag in FLAGS} == {flag.name: flag.default for flag in FLAGS}
 
 
-def test_every_parsed_flag_is_a_field_of_the_run_spec():
+def test_every_table_flag_is_a_field_of_the_run_spec():
     fields = {f.name for f in dataclasses.fields(RunSpec)}
-    flags = set(_parameters(parse_flags)) - {"hardware"}
-    assert fields - ONLY_IN_SPEC == flags - RESOLVED_INTO_DEVICES
+    assert fields - ONLY_IN_SPEC == set(FLAG_NAMES) - RESOLVED_INTO_DEVICES
+
+
+def test_the_constructor_passes_every_flag_to_the_spec():
+    """A value given to the constructor reaches the spec: none is dropped between signature and table."""
+    trainer = Trainer(max_steps=7, log_every_n_steps=3, agree_every_n_steps=2, gradient_clip_algorithm="value",
+                      enable_progress_bar=False, logger=False, accelerator="cpu", devices=1)
+    spec = trainer.fit_state.spec
+    assert (spec.max_steps, spec.log_every_n_steps, spec.agree_every_n_steps) == (7, 3, 2)
+    assert (spec.gradient_clip_algorithm, spec.enable_progress_bar, spec.max_epochs) == ("value", False, -1)
+
+
+def test_an_unknown_flag_is_refused_by_name():
+    with pytest.raises(ConfigError, match=r"unknown Trainer flag.*max_epoch;"):
+        parse_flags(max_epoch=3)
 
 
 def test_docs_index_describes_every_constructor_flag():
