@@ -19,6 +19,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 	$(PY) -m pytest
 
 # The documentation site (mkdocs.yml) into the git-ignored site/; --strict turns every warning into a failure.

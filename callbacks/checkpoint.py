@@ -254,7 +254,8 @@ class ModelCheckpoint(Callback):
         if self.save_top_k != -1 and len(self.best_k_models) > self.save_top_k:
             evicted = self._worst()
             del self.best_k_models[evicted]
-        self.best_model_path = (min if self.mode == "min" else max)(self.best_k_models, key=self.best_k_models.get)
+        best = min if self.mode == "min" else max
+        self.best_model_path = best(self.best_k_models, key=self.best_k_models.__getitem__)
         self.best_model_score = self.best_k_models[self.best_model_path]
         self._write(trainer, path)
         if evicted is not None and evicted != str(path):
@@ -298,7 +299,7 @@ class ModelCheckpoint(Callback):
 
     def _worst(self) -> str:
         pick = max if self.mode == "min" else min
-        return pick(self.best_k_models, key=self.best_k_models.get)
+        return pick(self.best_k_models, key=self.best_k_models.__getitem__)
 
     def _remove(self, trainer: Trainer, path: str) -> None:
         if trainer.is_global_zero:

@@ -18,7 +18,7 @@ class LearningRateMonitor(Callback):
     `logging_interval`: "step", "epoch", or None (each scheduler's own interval; "epoch" without schedulers).
 
     Args:
-        logging_interval: `"step"` (every `log_every_n_steps`), `"epoch"`, or None.
+        logging_interval: `"step"` (on the Trainer's `log_every_n_steps` cadence), `"epoch"`, or None.
         log_momentum: also log `momentum` (or Adam's `beta1`).
         log_weight_decay: also log `weight_decay`.
 
@@ -49,7 +49,7 @@ class LearningRateMonitor(Callback):
         return "step" if intervals == {"step"} else "epoch"
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: TrainModule, batch: Any, batch_idx: int) -> None:
-        if self._interval(trainer) == "step" and (trainer._progress.total_batches + 1) % trainer.log_every_n_steps == 0:
+        if self._interval(trainer) == "step" and trainer.metrics_router.batch_starting_logs:
             self._log(trainer)
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
@@ -74,5 +74,4 @@ class LearningRateMonitor(Callback):
                     values[key.replace("lr-", "lr-weight_decay-", 1)] = float(group["weight_decay"])
         for key, value in values.items():
             self.lrs.setdefault(key, []).append(value)
-        for logger in trainer.loggers:
-            logger.log_metrics(values, step=trainer.global_step)
+        trainer.metrics_router.send_measured(values, step=trainer.global_step)

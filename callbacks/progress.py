@@ -102,7 +102,7 @@ class ProgressBar(Callback):
             self._bar = None
 
     def _eval_start(self, trainer: Trainer, desc: str) -> None:
-        total = sum(trainer._eval_loaders(trainer.state.stage)[1]) if trainer.state.stage else 0
+        total = sum(_eval_batches(trainer)) if trainer.state.stage else 0
         self._eval_bar = self._new_bar(trainer, desc, total, False)
 
     def _eval_advance(self) -> None:
@@ -137,7 +137,7 @@ class ProgressBar(Callback):
         self._eval_end(trainer)
 
     def on_predict_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
-        self._eval_bar = self._new_bar(trainer, "Predicting", sum(trainer._loaders.predict_limits), False)
+        self._eval_bar = self._new_bar(trainer, "Predicting", sum(trainer.num_predict_batches), False)
 
     def on_predict_batch_end(self, trainer: Trainer, pl_module: TrainModule, outputs: Any, batch: Any,
                              batch_idx: int, dataloader_idx: int = 0) -> None:
@@ -149,3 +149,10 @@ class ProgressBar(Callback):
     def on_exception(self, trainer: Trainer, pl_module: TrainModule, exception: BaseException) -> None:
         self._close_train()
         self._eval_end()
+
+
+def _eval_batches(trainer: Trainer) -> list[int | float]:
+    """The batch counts of the evaluation that is starting, one per loader."""
+    if trainer.sanity_checking:
+        return trainer.num_sanity_val_batches
+    return trainer.num_test_batches if trainer.testing else trainer.num_val_batches

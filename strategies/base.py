@@ -18,7 +18,7 @@ from torch.optim import Optimizer
 
 from strategies import checkpoint_io, distributed
 from strategies.exceptions import CheckpointSaveError
-from strategies.precision import Precision
+from strategies.precision import CANONICAL_PRECISIONS, Precision
 
 T = TypeVar("T")
 ReduceOp = Literal["mean", "sum", "max", "min"]
@@ -134,7 +134,6 @@ class Strategy(ABC):
         self._module: nn.Module | None = None
         self._model: nn.Module | None = None
         self._step: Callable[..., Any] = self._not_set_up
-        self._control_group: Any = None  # None: the default process group
 
     # --- registry -----------------------------------------------------------------------------
     @classmethod  # noqa: B027 (optional for user-defined strategies)
@@ -153,7 +152,7 @@ class Strategy(ABC):
 
     def supported_precisions(self) -> tuple[str, ...]:
         """Canonical precision names this strategy can run; checked by `validate_precision`."""
-        return ("32-true", "64-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true")
+        return CANONICAL_PRECISIONS
 
     # --- topology -----------------------------------------------------------------------------
     @property
@@ -173,7 +172,7 @@ class Strategy(ABC):
 
     def setup_environment(self) -> None:
         """Prepare this process (process group, device, rank-zero gating)."""
-        distributed.rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
+        distributed.rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]  # a function attribute
 
     def setup_module(self, module: nn.Module) -> None:
         """Move the module to the device, apply precision, and build the wrapped step router."""
@@ -264,7 +263,8 @@ class Strategy(ABC):
         params = [p for group in optimizer.param_groups for p in group["params"]]
         if max_norm is not None:
             return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
-        torch.nn.utils.clip_grad_value_(params, max_value)  # type: ignore[arg-type]
+        if max_value is not None:
+            torch.nn.utils.clip_grad_value_(params, max_value)
         return None
 
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None) -> bool:
@@ -305,7 +305,7 @@ class Strategy(ABC):
     def agree(self, values: list[int]) -> list[int]:
         """Element-wise MAX of small integer flags over all ranks, on a CPU-capable group (the control plane
         of trainer/control.py: it must not wait on the GPU stream). Identity with one process."""
-        return distributed.all_reduce_max_ints(values, self._control_group)
+        return distributed.all_reduce_max_ints(values)
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """Agree on a decision: all=True means every rank must say yes; all=False means any rank may."""

@@ -131,7 +131,7 @@ def tensor_names_of_entry(loaded: Any, entry: str, found_crc: int) -> list[str]:
         if isinstance(value, torch.Tensor):
             storage = value.untyped_storage()
             raw = torch.empty(0, dtype=torch.uint8).set_(storage).numpy() if storage.device.type == "cpu" else None
-            if raw is not None and zlib.crc32(memoryview(raw)) == found_crc:
+            if raw is not None and zlib.crc32(raw.tobytes()) == found_crc:
                 names.append(where)
         elif isinstance(value, dict):
             for key, item in value.items():

@@ -245,7 +245,8 @@ def safe_load(path: str | Path, map_location: str | torch.device | None = "cpu")
         if not raw:
             raise CheckpointLoadError(f"checkpoint {path} is empty (0 bytes): it is truncated or was never written.")
         if is_zip(raw):
-            _verify(lambda: (check_torchscript(raw, path), verify_crcs(raw)), raw, path)
+            check_torchscript(raw, path)
+            _verify(lambda: verify_crcs(raw), raw, path)
         return _checked_load(raw, path, map_location)
     if not path.exists():
         raise CheckpointLoadError(f"checkpoint {path} does not exist. Check the path (or use ckpt_path='last').")

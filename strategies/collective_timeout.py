@@ -30,7 +30,7 @@ def set_group_timeout(group: Any, timeout: timedelta) -> None:
     """Set the timeout of `group`'s future collectives (torch's `set_timeout`; `_set_pg_timeout` in older torch)."""
     setter = getattr(dist, "set_timeout", None)
     if setter is None:
-        setter = dist.distributed_c10d._set_pg_timeout  # type: ignore[attr-defined]
+        setter = dist.distributed_c10d._set_pg_timeout
     setter(timeout, group)
 
 
@@ -38,7 +38,9 @@ def torch_default_timeout(backend: str) -> timedelta:
     """The timeout torch gives a process group created without one."""
     from torch.distributed import constants
 
-    return constants.default_pg_nccl_timeout if backend == "nccl" else constants.default_pg_timeout
+    # torch leaves the NCCL default unset (None) in builds without NCCL; such a group gets the generic one.
+    nccl = constants.default_pg_nccl_timeout
+    return nccl if backend == "nccl" and nccl is not None else constants.default_pg_timeout
 
 
 def _seconds(name: str, value: Any) -> float:

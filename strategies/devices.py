@@ -63,36 +63,44 @@ def resolve_devices(
     hw = hw or Hardware.detect()
     cuda_count = hw.cuda_device_count
     if isinstance(devices, str):
-        text = devices.strip().lower()
-        if text == "auto":
-            count = cuda_count if device_type == "cuda" else 1
-            return _indices_to_devices(device_type, list(range(count)))
-        try:
-            devices = [int(p) for p in text.split(",") if p.strip()] if "," in text else int(text)
-        except ValueError:
-            raise ConfigError(
-                f"devices={devices!r} is not understood. Use an int >= 1, a list of indices, '0,1' or 'auto'."
-            ) from None
+        if devices.strip().lower() == "auto":
+            return _indices_to_devices(device_type, list(range(cuda_count if device_type == "cuda" else 1)))
+        devices = _parse_devices_text(devices)
     if isinstance(devices, bool):
         raise ConfigError(f"devices={devices!r} is not valid; use an int >= 1, a list of indices or 'auto'.")
     if isinstance(devices, int):
-        if devices == -1 and device_type == "cuda":
-            devices = cuda_count
-        if devices < 1:
-            raise ConfigError(
-                f"devices={devices} is not valid: it must be an int >= 1 (how many devices), a list of device "
-                "indices, or 'auto'" + (" (-1 means all GPUs)." if device_type == "cuda" else ".")
-            )
-        if device_type == "cuda" and devices > cuda_count:
-            raise ConfigError(f"devices={devices} but only {cuda_count} CUDA device(s) are visible.")
-        if device_type == "mps" and devices > 1:
-            raise ConfigError("devices > 1 is not supported on MPS (there is one Apple GPU).")
-        return _indices_to_devices(device_type, list(range(devices)))
+        return _indices_to_devices(device_type, list(range(_device_count(devices, device_type, cuda_count))))
     if isinstance(devices, (list, tuple)) and devices and all(isinstance(i, int) and i >= 0 for i in devices):
         if device_type == "cuda" and max(devices) >= cuda_count:
             raise ConfigError(f"devices={list(devices)} names a CUDA index that does not exist.")
         return _indices_to_devices(device_type, list(devices))
     raise ConfigError(f"devices={devices!r} is not valid. Use an int >= 1, a list of indices, '0,1' or 'auto'.")
+
+
+def _parse_devices_text(text: str) -> int | list[int]:
+    """'2' → 2, '0,1' → [0, 1] (the command line and YAML spell devices as text)."""
+    try:
+        return [int(p) for p in text.split(",") if p.strip()] if "," in text else int(text.strip())
+    except ValueError:
+        raise ConfigError(
+            f"devices={text!r} is not understood. Use an int >= 1, a list of indices, '0,1' or 'auto'."
+        ) from None
+
+
+def _device_count(count: int, device_type: str, cuda_count: int) -> int:
+    """How many devices `devices=count` asks for, checked against what this machine has (-1: all GPUs)."""
+    if count == -1 and device_type == "cuda":
+        count = cuda_count
+    if count < 1:
+        raise ConfigError(
+            f"devices={count} is not valid: it must be an int >= 1 (how many devices), a list of device "
+            "indices, or 'auto'" + (" (-1 means all GPUs)." if device_type == "cuda" else ".")
+        )
+    if device_type == "cuda" and count > cuda_count:
+        raise ConfigError(f"devices={count} but only {cuda_count} CUDA device(s) are visible.")
+    if device_type == "mps" and count > 1:
+        raise ConfigError("devices > 1 is not supported on MPS (there is one Apple GPU).")
+    return count
 
 
 def _indices_to_devices(device_type: str, indices: list[int]) -> list[torch.device]:

@@ -7,17 +7,14 @@ current process's rank so that printing and file I/O can be gated without a Trai
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import socket
 import warnings
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
-
-log = logging.getLogger("trainer")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -37,13 +34,14 @@ def rank_zero_only(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        if rank_zero_only.rank == 0:  # type: ignore[attr-defined]
+        if rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # a function attribute, as in Lightning
             return fn(*args, **kwargs)
         return None
 
-    return wrapped  # type: ignore[return-value]
+    return cast(F, wrapped)
 
 
+# mypy does not model attributes set on a function; Lightning's `rank_zero_only.rank` is one, and users set it.
 rank_zero_only.rank = _rank_from_env()  # type: ignore[attr-defined]
 
 

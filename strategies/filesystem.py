@@ -64,7 +64,7 @@ def to_path(path: PathLike) -> AnyPath:
 def check_protocol(url: str) -> None:
     """Import the filesystem class for `url` now, so a typo or a missing package fails early and clearly."""
     try:
-        import fsspec  # type: ignore[import-untyped]
+        import fsspec  # type: ignore[import-untyped]  # fsspec ships no type information
     except ImportError as err:  # a dependency of torch, but be explicit
         raise ConfigError(f"{url!r} is a URL, which needs fsspec: pip install fsspec.") from err
     for part in url.split("::"):
@@ -87,7 +87,7 @@ def get_fs(url: str) -> tuple[Any, str]:
     """The fsspec filesystem of `url` and the path inside it (credentials and endpoint come from fsspec's and the
     store's own configuration, e.g. AWS_* environment variables for s3://)."""
     check_protocol(url)
-    from fsspec.core import url_to_fs  # type: ignore[import-untyped]
+    from fsspec.core import url_to_fs  # type: ignore[import-untyped]  # no type information
 
     return url_to_fs(url)
 
@@ -110,11 +110,6 @@ def parent(path: AnyPath) -> AnyPath:
 def name(path: AnyPath) -> str:
     """The last component of `path`."""
     return path.name if isinstance(path, Path) else path.rstrip("/").rpartition("/")[2]
-
-
-def stem(path: AnyPath) -> str:
-    """The last component without its suffix."""
-    return posixpath.splitext(name(path))[0]
 
 
 def makedirs(path: AnyPath) -> None:

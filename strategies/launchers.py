@@ -113,7 +113,7 @@ class SubprocessLauncher:
         except SystemExit as stop:
             self._stop_watch.set()
             if stop.code in GRACEFUL_EXIT_CODES:
-                self._graceful_code = int(stop.code)  # type: ignore[arg-type]  # the others stop at the same step
+                self._graceful_code = int(stop.code)  # the others stop at the same step
             else:
                 self._kill_children()
             raise

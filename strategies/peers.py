@@ -90,7 +90,6 @@ class Peers:
         self.me = me
         self.table = table
         self.check_group = check_group
-        self.hung: list[int] = []  # ranks found hung by the last check, on this machine
 
     @classmethod
     def gather(cls, rank: int) -> Peers:

@@ -1,8 +1,9 @@
 """The Precision object: owns autocast, input/parameter casting, backward, the optimizer step and
 the loss scaler's state, so that every strategy gets precision handling without knowing its kind.
 
-`precision_from_flag` is the one alias table for the Trainer's `precision=` flag. What each precision
-does, and why 16-mixed really runs fp16 on CPU, is in docs/precision.md.
+`PRECISIONS` is the one table of precisions (canonical name, the other spellings, the builder) behind the
+Trainer's `precision=` flag and `precision_from_flag`. What each precision does, and why 16-mixed really runs
+fp16 on CPU, is in docs/precision.md.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -18,15 +19,6 @@ from torch.optim import Optimizer
 
 from strategies.exceptions import ConfigError
 
-# Every spelling users write, mapped to its canonical name (Lightning 2.x names).
-_ALIASES: dict[str | int, str] = {
-    "32-true": "32-true", "32": "32-true", 32: "32-true",
-    "64-true": "64-true", "64": "64-true", 64: "64-true",
-    "16-mixed": "16-mixed", "16": "16-mixed", 16: "16-mixed",
-    "bf16-mixed": "bf16-mixed", "bf16": "bf16-mixed",
-    "bf16-true": "bf16-true", "16-true": "16-true",
-}
-CANONICAL_PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true")
 _DTYPES = {"16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -45,8 +37,8 @@ _NULL_CONTEXT = nullcontext()  # reusable: one per step would be wasted work
 class Precision:
     """'32-true': full float32, no autocast. Subclasses override only what differs.
 
-    `param_dtype` is the dtype parameters are computed in (None: as stored, float32); ZeroStrategy reads it
-    to build FSDP2's MixedPrecisionPolicy.
+    `param_dtype` is the dtype parameters are computed in (None: as stored, float32). A sharding strategy
+    asks `fsdp_policy()` for FSDP2's MixedPrecisionPolicy instead of reading the precision's name.
     """
 
     name: str = "32-true"
@@ -63,6 +55,13 @@ class Precision:
     def convert_input(self, batch: Any) -> Any:
         """Cast floating-point inputs for *-true precisions; identity here."""
         return batch
+
+    def fsdp_policy(self) -> Any:
+        """FSDP2's `MixedPrecisionPolicy` for this precision: torch's default here (parameters gathered and
+        gradients reduced in their stored dtype; *-true precisions cast the parameters before sharding)."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy  # heavy: imported only by a sharding strategy
+
+        return MixedPrecisionPolicy()
 
     def backward(self, loss: Tensor) -> None:
         loss.backward()
@@ -137,6 +136,12 @@ class MixedPrecision(Precision):
     def forward_context(self) -> AbstractContextManager:
         # A fresh object per step: autocast state is thread-local, and DP runs steps in several threads.
         return torch.autocast(self.device_type, dtype=self.param_dtype)
+
+    def fsdp_policy(self) -> Any:
+        """FSDP2 gathers the parameters in the autocast dtype and reduces gradients in fp32 (autocast still runs)."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        return MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=torch.float32)
 
     def backward(self, loss: Tensor) -> None:
         (self._scaler.scale(loss) if self._scaler is not None else loss).backward()
@@ -282,14 +287,23 @@ def _autocast_available(device_type: str) -> bool:
         return False
 
 
-_BUILDERS: dict[str, Callable[[str, str], Precision]] = {
-    "32-true": lambda name, device_type: Precision(),
-    "64-true": lambda name, device_type: DoublePrecision(),
-    "16-mixed": MixedPrecision,
-    "bf16-mixed": MixedPrecision,
-    "bf16-true": lambda name, device_type: HalfPrecision(name),
-    "16-true": lambda name, device_type: HalfPrecision(name),
+class _Entry(NamedTuple):
+    spellings: tuple[str | int, ...]  # what users may write besides the canonical name (Lightning's aliases)
+    build: Callable[[str, str], Precision]  # (canonical name, device type) -> the Precision object
+
+
+# The one table of precisions: a new precision is one entry here (and its class above).
+PRECISIONS: dict[str, _Entry] = {
+    "32-true": _Entry(("32", 32), lambda name, device_type: Precision()),
+    "64-true": _Entry(("64", 64), lambda name, device_type: DoublePrecision()),
+    "16-mixed": _Entry(("16", 16), MixedPrecision),
+    "bf16-mixed": _Entry(("bf16",), MixedPrecision),
+    "bf16-true": _Entry((), lambda name, device_type: HalfPrecision(name)),
+    "16-true": _Entry((), lambda name, device_type: HalfPrecision(name)),
 }
+CANONICAL_PRECISIONS = tuple(PRECISIONS)
+_ALIASES: dict[str | int, str] = {spelling: name for name, entry in PRECISIONS.items()
+                                  for spelling in (name, *entry.spellings)}
 
 
 def precision_from_flag(flag: str | int, device_type: str = "cpu") -> Precision:
@@ -309,4 +323,4 @@ def precision_from_flag(flag: str | int, device_type: str = "cpu") -> Precision:
         raise ConfigError(
             f"precision={flag!r} needs a GPU with bf16 support, and this one has none; use precision='16-mixed'."
         )
-    return _BUILDERS[name](name, device_type)
+    return PRECISIONS[name].build(name, device_type)

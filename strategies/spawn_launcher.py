@@ -38,7 +38,7 @@ def _spawn_entry(local_rank: int, payload: bytes, env_vars: list[dict[str, str]]
         result = fn(*args)  # the run ends with a barrier: every rank is past its last collective here
     except SystemExit as stop:
         if stop.code in GRACEFUL_EXIT_CODES:  # stopped on a signal, together with the others
-            _exit_now(int(stop.code))  # type: ignore[arg-type]
+            _exit_now(int(stop.code))
         raise
     if local_rank == 0:
         # Plain pickle bytes: tensors travel by value, so nothing depends on this process staying alive.
@@ -122,42 +122,57 @@ class SpawnLauncher:
         return None if data is None else pickle.loads(data)
 
     def _wait(self, context: Any, queue: Any) -> bytes | None:
-        """Wait for every rank (draining rank 0's result, or a large one would block its exit); after a failure give
-        the others `_FAILURE_GRACE_S` to end, then kill them."""
-        processes = context.processes
-        data, first, since = None, None, 0.0
-        while True:
-            if data is None and not queue.empty():
-                data = queue.get()
-            codes = [p.exitcode for p in processes]
-            if all(code is not None for code in codes):
-                break
-            if first is None:
-                first = next((i for i, code in enumerate(codes) if code not in (None, 0)), None)
-                if first is not None:
-                    since = time.monotonic()
-                    if codes[first] < 0:  # killed: nobody else can say so (a rank that raised printed its error)
-                        say(f"rank {first} {describe_exit(codes[first])}; stopping every rank.")
-            if first is not None:
-                grace = _STOP_GRACE_S if codes[first] in GRACEFUL_EXIT_CODES else _FAILURE_GRACE_S
-                if time.monotonic() - since > grace:
-                    for process in processes:
-                        if process.exitcode is None:
-                            process.kill()
-            alive = [p.sentinel for p in processes if p.exitcode is None]
-            multiprocessing.connection.wait(alive, timeout=0.1)
+        """Wait for every rank, then return rank 0's result or raise what ended the ranks."""
+        data, first = _watch(context.processes, queue)
+        for process in context.processes:
+            process.join()
+        return _outcome(context, data, first)
+
+
+def _watch(processes: list[Any], queue: Any) -> tuple[bytes | None, int | None]:
+    """Run until every rank has ended: drain rank 0's result (a large one would block its exit), and after the first
+    failure give the others `_FAILURE_GRACE_S` (`_STOP_GRACE_S` after an orderly stop) to end, then kill them.
+
+    Returns the result (None if rank 0 sent none) and the first rank seen failing (None if none failed)."""
+    data, first, since = None, None, 0.0
+    while True:
         if data is None and not queue.empty():
             data = queue.get()
-        for process in processes:
-            process.join()
         codes = [p.exitcode for p in processes]
-        if all(code == 0 for code in codes):
-            return data
-        stopped = {code for code in codes if code != 0}
-        if len(stopped) == 1 and stopped <= GRACEFUL_EXIT_CODES:
-            raise SystemExit(stopped.pop())  # every rank stopped in order: this process ends as they did
-        failed = [i for i, code in enumerate(codes) if code != 0]
-        order = ([first] if first is not None else []) + failed
-        # The first rank that raised carries the root cause (a killed rank was announced above when seen).
-        index = next((i for i in order if os.access(context.error_files[i], os.R_OK)), order[0])
-        raise _rank_error(context, index)
+        if all(code is not None for code in codes):
+            break
+        if first is None:
+            first, since = _first_failure(codes), time.monotonic()
+        elif time.monotonic() - since > (_STOP_GRACE_S if codes[first] in GRACEFUL_EXIT_CODES else _FAILURE_GRACE_S):
+            for process in processes:
+                if process.exitcode is None:
+                    process.kill()
+        alive = [p.sentinel for p in processes if p.exitcode is None]
+        multiprocessing.connection.wait(alive, timeout=0.1)
+    if data is None and not queue.empty():
+        data = queue.get()
+    return data, first
+
+
+def _first_failure(codes: list[int | None]) -> int | None:
+    """The first rank that ended with a non-zero code; a killed one is announced, as nobody else can say so."""
+    first = next((i for i, code in enumerate(codes) if code not in (None, 0)), None)
+    code = None if first is None else codes[first]
+    if first is not None and code is not None and code < 0:  # a rank that raised printed its error itself
+        say(f"rank {first} {describe_exit(code)}; stopping every rank.")
+    return first
+
+
+def _outcome(context: Any, data: bytes | None, first: int | None) -> bytes | None:
+    """Rank 0's result when every rank succeeded; the common exit code when all stopped in order; else the error."""
+    codes = [p.exitcode for p in context.processes]
+    if all(code == 0 for code in codes):
+        return data
+    stopped = {code for code in codes if code != 0}
+    if len(stopped) == 1 and stopped <= GRACEFUL_EXIT_CODES:
+        raise SystemExit(stopped.pop())  # every rank stopped in order: this process ends as they did
+    failed = [i for i, code in enumerate(codes) if code != 0]
+    order = ([first] if first is not None else []) + failed
+    # The first rank that raised carries the root cause (a killed rank was announced above when seen).
+    index = next((i for i in order if os.access(context.error_files[i], os.R_OK)), order[0])
+    raise _rank_error(context, index)

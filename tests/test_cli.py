@@ -20,7 +20,7 @@ from tests.scripts.cli_modules import RegressionData, Regressor
 from trainer import Trainer, seed_everything
 from trainer.cli import CLIError, main, run
 from trainer.loggers import CSVLogger
-from trainer.seed import SEED_ENV
+from trainer.seed import SEED_ENV, seed_worker
 
 REPO = Path(__file__).resolve().parents[1]
 QUIET_YAML = """\
@@ -151,6 +151,12 @@ def test_seed_true_picks_a_seed_and_records_it():
     run(["test", "--config", config])
     saved = yaml.safe_load(Path("config.yaml").read_text())
     assert isinstance(saved["seed_everything"], int) and str(saved["seed_everything"]) == os.environ[SEED_ENV]
+
+
+def test_the_seed_also_seeds_the_dataloader_workers():
+    """As LightningCLI does: `seed_everything(seed, workers=True)`, so the Trainer's loaders seed their workers."""
+    out = run(["fit", "--config", _write("run.yaml", BORING + QUIET_YAML + "  max_epochs: 1\n")])
+    assert out.trainer.train_dataloader.worker_init_fn.func is seed_worker
 
 
 def test_ckpt_path_resumes_from_a_checkpoint():

@@ -16,8 +16,9 @@ from trainer.checkpoint_contents import check_contents, check_resumable
 from trainer.resume import checkpoint_position, plan_resume
 
 if TYPE_CHECKING:
+    from strategies.base import Strategy
+    from trainer.fit_state import FitState
     from trainer.module import TrainModule
-    from trainer.trainer import Trainer
 
 FORMAT_VERSION = 1
 _PRIMITIVES = (str, int, float, bool, type(None), torch.Tensor, torch.dtype, torch.device, torch.Size)
@@ -44,11 +45,11 @@ def check_weights_only_safe(value: Any, path: str = "checkpoint") -> None:
     )
 
 
-def dump_checkpoint(trainer: Trainer) -> dict[str, Any]:
+def dump_checkpoint(loop: FitState) -> dict[str, Any]:
     """Build the checkpoint dict. Collective: call on every rank."""
-    s = trainer.strategy
+    s, trainer = loop.strategy, loop.trainer
     module = s.module
-    saved = checkpoint_position(trainer)  # where a resume continues (trainer/position.py)
+    saved = checkpoint_position(loop)  # where a resume continues (trainer/position.py)
     per_rank = s.all_gather_object(saved.loop)
     progress = saved.progress
     callbacks = saved.callbacks
@@ -57,15 +58,15 @@ def dump_checkpoint(trainer: Trainer) -> dict[str, Any]:
     checkpoint: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "state_dict": s.module_state_dict(),
-        "optimizer_states": [s.optimizer_state_dict(opt) for opt in trainer.optimizers],
-        "lr_schedulers": [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs],
+        "optimizer_states": [s.optimizer_state_dict(opt) for opt in loop.optimizers],
+        "lr_schedulers": [c.scheduler.state_dict() for c in loop.lr_scheduler_configs],
         "precision": s.precision.state_dict(),
         "progress": progress,
         "epoch": progress["current_epoch"],
         "global_step": progress["global_step"],
         "hparams": dict(getattr(module, "hparams", {})),
         "callbacks": callbacks,
-        "metrics": saved.metrics if saved.metrics is not None else trainer._metrics.state_dict(),
+        "metrics": saved.metrics if saved.metrics is not None else loop.metrics.state_dict(),
         "rng": [state.pop("rng") for state in per_rank],
         "loops": per_rank,
         "world_size": s.world_size,
@@ -75,7 +76,7 @@ def dump_checkpoint(trainer: Trainer) -> dict[str, Any]:
         checkpoint["datamodule"] = datamodule_state
     from trainer.hooks import call_hook
 
-    call_hook(trainer, "on_save_checkpoint", checkpoint)
+    call_hook(loop, "on_save_checkpoint", checkpoint)
     check_weights_only_safe(checkpoint)
     return checkpoint
 
@@ -94,8 +95,9 @@ def _check_format(checkpoint: Mapping[str, Any], path: str | Path) -> None:
     check_contents(checkpoint, path)
 
 
-def load_checkpoint_file(trainer: Trainer, path: str | Path) -> dict[str, Any]:
-    checkpoint = trainer.strategy.load_checkpoint(path)
+def load_checkpoint_file(strategy: Strategy, path: str | Path) -> dict[str, Any]:
+    """Read a checkpoint through the strategy (a file or a sharded folder) and check its format version."""
+    checkpoint = strategy.load_checkpoint(path)
     _check_format(checkpoint, path)
     return checkpoint
 
@@ -112,46 +114,46 @@ def describe_mismatch(model_state: Mapping[str, Any], saved: Mapping[str, Any], 
     return "; ".join(parts)
 
 
-def restore_module(trainer: Trainer, checkpoint: Mapping[str, Any], path: str | Path) -> None:
+def restore_module(strategy: Strategy, checkpoint: Mapping[str, Any], path: str | Path) -> None:
     """Load weights (before optimizers are built, so sharded strategies shard the loaded values)."""
     try:
-        trainer.strategy.load_module_state_dict(checkpoint["state_dict"])
+        strategy.load_module_state_dict(checkpoint["state_dict"])
     except RuntimeError as err:
-        diff = describe_mismatch(trainer.strategy.module.state_dict(), checkpoint["state_dict"])
+        diff = describe_mismatch(strategy.module.state_dict(), checkpoint["state_dict"])
         raise CheckpointLoadError(
             f"{path} does not match the model: {diff or err}. Resume needs the same architecture; to load only "
             "the matching weights use TrainModule.load_from_checkpoint(path, strict=False)."
         ) from err
 
 
-def restore_training_state(trainer: Trainer, checkpoint: Mapping[str, Any], path: str | Path) -> None:
+def restore_training_state(loop: FitState, checkpoint: Mapping[str, Any], path: str | Path) -> None:
     """Optimizers, schedulers, precision, loop progress, callbacks, RNG, in that order."""
-    s = trainer.strategy
-    check_resumable(checkpoint, path, bool(trainer.optimizers))
+    s, trainer = loop.strategy, loop.trainer
+    check_resumable(checkpoint, path, bool(loop.optimizers))
     saved_opts = checkpoint.get("optimizer_states", [])
-    if len(saved_opts) != len(trainer.optimizers):
+    if len(saved_opts) != len(loop.optimizers):
         raise CheckpointLoadError(
             f"{path} holds {len(saved_opts)} optimizer state(s) but configure_optimizers() built "
-            f"{len(trainer.optimizers)}."
+            f"{len(loop.optimizers)}."
         )
-    for opt, state in zip(trainer.optimizers, saved_opts, strict=True):
+    for opt, state in zip(loop.optimizers, saved_opts, strict=True):
         try:
             s.load_optimizer_state_dict(opt, state)
         except (ValueError, KeyError, RuntimeError) as err:
             raise CheckpointLoadError(f"{path}: optimizer state does not fit the optimizer: {err}") from err
-    for config, state in zip(trainer.lr_scheduler_configs, checkpoint.get("lr_schedulers", []), strict=False):
+    for config, state in zip(loop.lr_scheduler_configs, checkpoint.get("lr_schedulers", []), strict=False):
         config.scheduler.load_state_dict(state)
     s.precision.load_state_dict(checkpoint.get("precision", {}))
-    trainer._metrics.load_state_dict(checkpoint.get("metrics", {}))
-    progress = trainer._progress
+    loop.metrics.load_state_dict(checkpoint.get("metrics", {}))
+    progress = loop.progress
     progress.load_state_dict(checkpoint.get("progress", {}))
-    trainer._position.reset()
+    loop.position.reset()
     rng, loops = checkpoint.get("rng", []), checkpoint.get("loops", [])
     per_rank = [{**loop, "rng": state} for loop, state in zip(loops, rng, strict=True)] if loops else [
         {"rng": state} for state in rng]
-    trainer._resume_point = plan_resume(trainer, per_rank, path) if per_rank else None
+    loop.resume_point = plan_resume(loop, per_rank, path) if per_rank else None
     if progress.epoch_finished:  # saved in on_train_epoch_end: finish that epoch's bookkeeping
-        trainer._scheduler_stepper.step("epoch", progress.current_epoch + 1, trainer.callback_metrics)
+        loop.scheduler_stepper.step("epoch", progress.current_epoch + 1, loop.metrics.callback_metrics)
         progress.current_epoch += 1
         progress.epoch_finished, progress.epoch_batches, progress.epoch_opened = False, 0, False
     states = checkpoint.get("callbacks", {})

@@ -54,7 +54,11 @@ def check_contents(checkpoint: Mapping[str, Any], path: str | Path) -> None:
             raise CheckpointLoadError(
                 f"checkpoint {path}: entry {name!r} holds {_kind(checkpoint[name])}, but it must be {what}. {_FIX}"
             )
-    weights = checkpoint["state_dict"]
+    _check_weights(checkpoint["state_dict"], path)
+    _check_hparams_and_progress(checkpoint, path)
+
+
+def _check_weights(weights: Any, path: str | Path) -> None:
     if isinstance(weights, Mapping):
         for key, value in weights.items():
             if not isinstance(key, str) or not isinstance(value, torch.Tensor):
@@ -62,6 +66,9 @@ def check_contents(checkpoint: Mapping[str, Any], path: str | Path) -> None:
                     f"checkpoint {path}: 'state_dict' entry {key!r} holds {_kind(value)}; the model weights must map "
                     f"parameter names (str) to tensors. {_FIX}"
                 )
+
+
+def _check_hparams_and_progress(checkpoint: Mapping[str, Any], path: str | Path) -> None:
     for key in checkpoint.get("hparams", {}):
         if not isinstance(key, str) or not key.isidentifier():
             raise CheckpointLoadError(

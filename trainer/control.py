@@ -25,9 +25,10 @@ from strategies.exceptions import DistributedDesyncError, TrainerError
 from trainer.step_clock import StepClock
 
 if TYPE_CHECKING:
+    from strategies.base import Strategy
+    from trainer.fit_state import FitState
     from trainer.preemption import StopSignals
     from trainer.results import ResultCollection
-    from trainer.trainer import Trainer
 
 # Slots of the step agreement vector. _DRY: this rank's data ended before this batch (it has no batch here).
 _STOP, _SKIP, _NONFINITE, _LAST, _MORE, _KEYS, _NEG_KEYS, _TIME_UP, _DRY = range(9)
@@ -61,12 +62,12 @@ class ControlPlane:
         self._depth = 0  # nesting of outside_steps()
         self.clock = StepClock()  # times training batches at the agreements: the hang bound follows the run
 
-    def start(self, trainer: Trainer) -> None:
-        self._strategy = trainer.strategy
-        self._rank, self._world = trainer.global_rank, trainer.world_size
+    def start(self, strategy: Strategy) -> None:
+        self._strategy = strategy
+        self._rank, self._world = strategy.global_rank, strategy.world_size
         self.stop_signal = 0
         self._depth = 0
-        self.clock.start(trainer.strategy)
+        self.clock.start(strategy)
 
     @contextmanager
     def outside_steps(self) -> Iterator[None]:
@@ -94,7 +95,7 @@ class ControlPlane:
         if self._world > 1:
             self.clock.pause()
 
-    def stop_signal_after_fit(self, trainer: Trainer) -> int:
+    def stop_signal_after_fit(self) -> int:
         """After the last training batch: a stop signal received since the last agreement (during the final
         validation or epoch end), agreed by every rank; 0 when none. One collective per fit."""
         if self._world == 1:
@@ -102,22 +103,22 @@ class ControlPlane:
         return self._strategy.agree([self.signals.received])[0]
 
     # --- once per step ------------------------------------------------------------------------------
-    def after_training_step(self, trainer: Trainer, loss: Tensor | None, is_last: bool, can_skip: bool) -> bool:
+    def after_training_step(self, loop: FitState, loss: Tensor | None, is_last: bool, can_skip: bool) -> bool:
         """Settle this step on every rank; returns True when every rank skips backward and the optimizer.
 
         Raises NonFiniteLossError or DistributedDesyncError on every rank at once.
         """
         if self._world == 1:
             if self.check_finite and loss is not None and not bool(torch.isfinite(loss.detach())):
-                raise self._nonfinite(trainer, self._rank, loss)
+                raise self._nonfinite(loop, self._rank, loss)
             self.stop_signal = self.signals.received
             return loss is None
-        if trainer._progress.total_batches % self.every_n_steps and not is_last:
-            trainer._results.flush_sync()  # not due: ranks act on local knowledge (see docs/reliability.md)
+        if loop.progress.total_batches % self.every_n_steps and not is_last:
+            loop.results.flush_sync()  # not due: ranks act on local knowledge (see docs/reliability.md)
             return loss is None
-        return self._agree_step(trainer, loss, is_last, can_skip)
+        return self._agree_step(loop, loss, is_last, can_skip)
 
-    def _agree_step(self, trainer: Trainer, loss: Tensor | None, is_last: bool, can_skip: bool) -> bool:
+    def _agree_step(self, loop: FitState, loss: Tensor | None, is_last: bool, can_skip: bool) -> bool:
         me = self._rank + 1
         flags = [0] * _SIZE
         flags[_STOP] = self.signals.received
@@ -126,26 +127,26 @@ class ControlPlane:
         if self.check_finite and loss is not None and not bool(torch.isfinite(loss.detach())):
             flags[_NONFINITE] = me
         flags[_LAST if is_last else _MORE] = me
-        results = trainer._results
+        results = loop.results
         pending = results.pending_sync_keys()
         flags[_KEYS] = h = keys_hash(pending)
         flags[_NEG_KEYS] = -h
-        schedule = trainer._schedule
+        schedule = loop.schedule
         if schedule.time_up_here():
             flags[_TIME_UP] = me
         agreed = self._strategy.agree(flags)
         schedule.time_up_agreed = schedule.time_up_agreed or bool(agreed[_TIME_UP])  # max_time: on every rank at once
-        self.clock.agreed(trainer._progress.total_batches)
-        self._check_data_left(trainer, agreed)  # first: a rank without a batch logged nothing, names would differ
+        self.clock.agreed(loop.progress.total_batches)
+        self._check_data_left(loop, agreed)  # first: a rank without a batch logged nothing, names would differ
         if agreed[_KEYS] != -agreed[_NEG_KEYS]:
             self._raise_key_mismatch(pending, "training_step")
         if agreed[_NONFINITE]:
-            raise self._nonfinite(trainer, agreed[_NONFINITE] - 1, loss)
+            raise self._nonfinite(loop, agreed[_NONFINITE] - 1, loss)
         results.flush_sync()
         self.stop_signal = agreed[_STOP]
         return bool(agreed[_SKIP])
 
-    def ran_dry(self, trainer: Trainer) -> None:
+    def ran_dry(self, loop: FitState) -> None:
         """This rank's training data ended before the batch its loader announced (an IterableDataset empty here, a
         sampler whose __len__ overstates): it meets the other ranks at the agreement of the batch it does not have,
         so that every rank raises there instead of waiting in a collective this rank never joins. Several ranks
@@ -156,11 +157,11 @@ class ControlPlane:
         flags[_STOP] = self.signals.received
         flags[_DRY] = self._rank + 1
         agreed = self._strategy.agree(flags)
-        self._check_data_left(trainer, agreed)
+        self._check_data_left(loop, agreed)
         self.stop_signal = agreed[_STOP]
 
-    def _check_data_left(self, trainer: Trainer, agreed: list[int]) -> None:
-        batch, epoch = trainer._progress.epoch_batches, trainer.current_epoch
+    def _check_data_left(self, loop: FitState, agreed: list[int]) -> None:
+        batch, epoch = loop.progress.epoch_batches, loop.progress.current_epoch
         has_batch = agreed[_MORE] or agreed[_LAST]
         if agreed[_DRY] and has_batch:
             raise DistributedDesyncError(
@@ -175,11 +176,11 @@ class ControlPlane:
                 f"{agreed[_MORE] - 1} has more batches. {_EQUAL_COUNTS}"
             )
 
-    def _nonfinite(self, trainer: Trainer, rank: int, loss: Tensor | None) -> NonFiniteLossError:
+    def _nonfinite(self, loop: FitState, rank: int, loss: Tensor | None) -> NonFiniteLossError:
         what = f"{loss.item()}" if loss is not None and rank == self._rank else "not finite"
         return NonFiniteLossError(
-            f"the training loss on rank {rank} is {what} at global step {trainer.global_step} (epoch "
-            f"{trainer.current_epoch}, batch {trainer._progress.epoch_batches}); every rank stops here, before the "
+            f"the training loss on rank {rank} is {what} at global step {loop.progress.global_step} (epoch "
+            f"{loop.progress.current_epoch}, batch {loop.progress.epoch_batches}); every rank stops here, before the "
             "optimizer step, so the weights and the last checkpoint are not touched by it. Lower the learning rate, "
             "clip gradients, or check the data of that batch."
         )

@@ -1,11 +1,10 @@
-"""Dataloaders: resolve them (arguments > datamodule > module hooks), apply limit_*_batches, inject a
-DistributedSampler when the strategy asks for one, call set_epoch, and iterate with a one-batch
-look-ahead so the loop knows which batch is the last."""
+"""Dataloaders: resolve them (arguments > datamodule > module hooks), apply limit_*_batches, call
+set_epoch, and iterate telling the loop which batch is the last (samplers: trainer/sampling.py)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
 from strategies.exceptions import ConfigError, MisconfigurationError
@@ -14,10 +13,6 @@ _HOOKS = {"train": "train_dataloader", "val": "val_dataloader", "test": "test_da
           "predict": "predict_dataloader"}
 _LIMIT_FLAGS = {"train": "limit_train_batches", "val": "limit_val_batches", "test": "limit_test_batches",
                 "predict": "limit_predict_batches"}
-# The plain DataLoader arguments we carry over when re-building a loader around a new sampler.
-_LOADER_ARGS = ("batch_size", "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout",
-                "worker_init_fn", "multiprocessing_context", "generator", "prefetch_factor",
-                "persistent_workers", "pin_memory_device", "in_order")
 
 
 def resolve_loaders(stage: str, given: Any, datamodule: Any, module: Any) -> list[Iterable]:
@@ -44,8 +39,8 @@ def resolve_loaders(stage: str, given: Any, datamodule: Any, module: Any) -> lis
 def loader_length(loader: Iterable) -> int | float:
     """Number of batches, or inf when the loader has no length."""
     try:
-        return len(loader)  # type: ignore[arg-type]
-    except TypeError:
+        return len(loader) if isinstance(loader, Sized) else math.inf
+    except TypeError:  # a DataLoader over an IterableDataset without a length
         return math.inf
 
 

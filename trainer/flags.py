@@ -1,14 +1,14 @@
-"""Trainer flags → a frozen RunSpec. A pure function: no process groups, no I/O.
+"""The Trainer's flags: one table (name, default, check) → a frozen RunSpec. Pure: no process groups, no I/O.
 
-All validation of flag values happens here, at `Trainer(...)` time, so a bad flag fails before any
-work starts, with a message naming the flag and the accepted values.
+`FLAGS` is the single definition. `parse_flags` runs each flag's check from it, then resolves the flags that
+depend on each other (devices, strategy and precision; the epoch limit; fast_dev_run), so a bad flag fails at
+`Trainer(...)` time, before any work starts, with a message naming the flag and the accepted values.
+The constructor's signature, RunSpec's fields and docs/index.md are tested against the table
+(tests/trainer/test_flag_agreement.py): a new flag is one row here plus its parameter and field.
 """
 
 from __future__ import annotations
 
-import math
-import os
-import re
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -22,6 +22,8 @@ from strategies.exceptions import ConfigError
 from strategies.filesystem import AnyPath, to_path
 from strategies.precision import canonical_precision, precision_from_flag
 from strategies.registry import STRATEGY_REGISTRY
+from trainer import flag_checks as check
+from trainer.flag_checks import Check
 
 DEFAULT_MAX_EPOCHS = 1000  # Lightning's default when neither max_epochs nor max_steps is given
 
@@ -63,79 +65,6 @@ class RunSpec:
     checkpoint_on_interrupt: bool
 
 
-# The kind of each flag whose type a wrong value would otherwise slip past: a bool flag takes True or False only
-# (bool('false') is True, so a string from a config file or a command line would silently mean the opposite);
-# a path flag takes a str or os.PathLike (or None). Checked first, before any value is used.
-_BOOL = "bool"
-_PATH = "path"
-_FLAG_KINDS: dict[str, str] = {
-    "enable_checkpointing": _BOOL, "enable_progress_bar": _BOOL, "enable_model_summary": _BOOL,
-    "use_distributed_sampler": _BOOL, "detect_anomaly": _BOOL, "terminate_on_nan": _BOOL,
-    "checkpoint_on_interrupt": _BOOL,
-    "default_root_dir": _PATH,
-}
-
-
-def _check_kinds(flags: dict[str, Any]) -> None:
-    """Refuse a value of the wrong kind for every flag in the table, naming the flag and the fix."""
-    for name, kind in _FLAG_KINDS.items():
-        value = flags[name]
-        if kind == _BOOL and not isinstance(value, bool):
-            hint = (" A string is not a bool (bool('false') is True): pass the Python value, or write true/false "
-                    "unquoted in a YAML config.") if isinstance(value, str) else ""
-            raise ConfigError(f"{name}={value!r} is not valid: use True or False.{hint}")
-        if kind == _PATH and value is not None and not isinstance(value, (str, os.PathLike)):
-            raise ConfigError(
-                f"{name}={value!r} is not valid: use a path (a str or pathlib.Path, or an fsspec URL such as "
-                f"'s3://bucket/run'), or None for the current directory; got {type(value).__name__}."
-            )
-
-
-def _check_int(name: str, value: Any, minimum: int, extra: str = "") -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{name}={value!r} is not valid: it must be an int >= {minimum}{extra}.")
-    return value
-
-
-def _check_limit(name: str, value: Any) -> int | float:
-    if isinstance(value, bool):
-        raise ConfigError(f"{name}={value!r} is not valid: use a float in [0.0, 1.0] or an int >= 0.")
-    if isinstance(value, int):
-        if value < 0:
-            raise ConfigError(f"{name}={value} is not valid: an int must be >= 0 (a number of batches).")
-        return value
-    if isinstance(value, float):
-        if not 0.0 <= value <= 1.0:
-            raise ConfigError(
-                f"{name}={value} is not valid: a float must be in [0.0, 1.0] (a fraction of the batches); "
-                "pass an int for a number of batches."
-            )
-        return value
-    raise ConfigError(f"{name}={value!r} is not valid: use a float in [0.0, 1.0] or an int >= 0.")
-
-
-_TIME_PATTERN = re.compile(r"^(\d+):(\d{1,2}):(\d{1,2}):(\d{1,2})$")
-
-
-def parse_max_time(value: Any) -> timedelta | None:
-    """Accept None, a timedelta, a dict of timedelta kwargs, or "DD:HH:MM:SS"."""
-    if value is None:
-        return None
-    if isinstance(value, timedelta):
-        return value
-    if isinstance(value, dict):
-        try:
-            return timedelta(**value)
-        except TypeError as err:
-            raise ConfigError(f"max_time={value!r} is not valid: {err}") from None
-    if isinstance(value, str) and (m := _TIME_PATTERN.match(value.strip())):
-        days, hours, minutes, seconds = (int(g) for g in m.groups())
-        return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
-    raise ConfigError(
-        f"max_time={value!r} is not valid: use 'DD:HH:MM:SS', a datetime.timedelta, or a dict like {{'hours': 2}}."
-    )
-
-
 def _resolve_strategy(strategy: Any, devices: list[torch.device], num_nodes: int, precision: str) -> Strategy:
     if isinstance(strategy, str):
         name = strategy.strip().lower()
@@ -164,48 +93,84 @@ def _check_strategy_precision(strategy: Strategy, precision: str) -> None:
         )
 
 
-def parse_flags(
-    *,
-    accelerator: str = "auto",
-    devices: Any = "auto",
-    gpus: Any = None,
-    num_nodes: int = 1,
-    strategy: Any = "auto",
-    precision: Any = "32-true",
-    max_epochs: int | None = None,
-    min_epochs: int | None = None,
-    max_steps: int = -1,
-    max_time: Any = None,
-    limit_train_batches: int | float = 1.0,
-    limit_val_batches: int | float = 1.0,
-    limit_test_batches: int | float = 1.0,
-    limit_predict_batches: int | float = 1.0,
-    val_check_interval: int | float = 1.0,
-    check_val_every_n_epoch: int | None = 1,
-    num_sanity_val_steps: int = 2,
-    accumulate_grad_batches: int = 1,
-    gradient_clip_val: float | None = None,
-    gradient_clip_algorithm: str = "norm",
-    log_every_n_steps: int = 50,
-    default_root_dir: str | Path | None = None,
-    deterministic: bool | str = False,
-    fast_dev_run: bool | int = False,
-    enable_checkpointing: bool = True,
-    enable_progress_bar: bool = True,
-    enable_model_summary: bool = True,
-    use_distributed_sampler: bool = True,
-    detect_anomaly: bool = False,
-    terminate_on_nan: bool = False,
-    agree_every_n_steps: int = 1,
-    checkpoint_on_interrupt: bool = False,
-    hardware: Hardware | None = None,
-) -> RunSpec:
-    """Validate and resolve Trainer flags. Raises ConfigError naming the flag and accepted values.
+@dataclass(frozen=True)
+class Flag:
+    """One Trainer flag: its default (the constructor's) and the check that validates and normalises a value."""
 
-    `hardware` defaults to what this machine has; tests pass another to resolve, say, 4 nodes of
-    8 GPUs on a CPU-only machine without starting anything.
+    name: str
+    default: Any
+    check: Check
+
+
+_EPOCHS = " (-1 means no limit)"
+FLAGS: tuple[Flag, ...] = (
+    Flag("accelerator", "auto", check.as_given),
+    Flag("devices", "auto", check.as_given),
+    Flag("gpus", None, check.as_given),
+    Flag("num_nodes", 1, check.int_at_least(1)),
+    Flag("strategy", "auto", check.as_given),
+    Flag("precision", "32-true", check.as_given),
+    Flag("max_epochs", None, check.int_at_least(-1, _EPOCHS, allow_none=True)),
+    Flag("min_epochs", None, check.int_at_least(0, allow_none=True)),
+    Flag("max_steps", -1, check.int_at_least(-1, _EPOCHS)),
+    Flag("max_time", None, check.max_time),
+    Flag("limit_train_batches", 1.0, check.batch_limit),
+    Flag("limit_val_batches", 1.0, check.batch_limit),
+    Flag("limit_test_batches", 1.0, check.batch_limit),
+    Flag("limit_predict_batches", 1.0, check.batch_limit),
+    Flag("val_check_interval", 1.0, check.check_interval),
+    Flag("check_val_every_n_epoch", 1, check.int_at_least(1, " or None", allow_none=True)),
+    Flag("num_sanity_val_steps", 2, check.int_at_least(-1, " (-1 runs all validation batches)")),
+    Flag("accumulate_grad_batches", 1, check.int_at_least(1)),
+    Flag("gradient_clip_val", None, check.clip_value),
+    Flag("gradient_clip_algorithm", "norm", check.one_of("norm", "value")),
+    Flag("log_every_n_steps", 50, check.int_at_least(1)),
+    Flag("enable_checkpointing", True, check.boolean),
+    Flag("enable_progress_bar", True, check.boolean),
+    Flag("enable_model_summary", True, check.boolean),
+    Flag("default_root_dir", None, check.optional_path),
+    Flag("deterministic", False, check.one_of(True, False, "warn")),
+    Flag("fast_dev_run", False, check.fast_dev_run),
+    Flag("use_distributed_sampler", True, check.boolean),
+    Flag("detect_anomaly", False, check.boolean),
+    Flag("terminate_on_nan", False, check.boolean),
+    Flag("agree_every_n_steps", 1, check.int_at_least(1)),
+    Flag("checkpoint_on_interrupt", False, check.boolean),
+)
+FLAG_NAMES: tuple[str, ...] = tuple(flag.name for flag in FLAGS)
+
+
+def parse_flags(hardware: Hardware | None = None, **given: Any) -> RunSpec:
+    """Validate and resolve Trainer flags (any subset of `FLAGS`; the rest take their defaults).
+
+    Raises ConfigError naming the flag and the accepted values. `hardware` defaults to what this machine has;
+    tests pass another to resolve, say, 4 nodes of 8 GPUs on a CPU-only machine without starting anything.
     """
-    _check_kinds(locals())
+    unknown = sorted(set(given) - set(FLAG_NAMES))
+    if unknown:
+        raise ConfigError(f"unknown Trainer flag(s): {', '.join(unknown)}; the flags are listed in docs/index.md.")
+    values = {flag.name: flag.check(flag.name, given.get(flag.name, flag.default)) for flag in FLAGS}
+    device_type, devices = _resolve_hardware(values.pop("accelerator"), values.pop("devices"), values.pop("gpus"),
+                                             hardware or Hardware.detect())
+    values["precision"] = canonical_precision(values["precision"])
+    if values["max_epochs"] is None:
+        no_other_limit = values["max_steps"] == -1 and values["max_time"] is None
+        values["max_epochs"] = DEFAULT_MAX_EPOCHS if no_other_limit else -1
+    if values["min_epochs"] is None:
+        values["min_epochs"] = 0
+    root = values["default_root_dir"]
+    values["default_root_dir"] = Path.cwd() if root is None else to_path(root)
+    if dev_run := values["fast_dev_run"]:
+        values.update(max_epochs=1, max_steps=dev_run, num_sanity_val_steps=0, limit_train_batches=dev_run,
+                      limit_val_batches=dev_run, limit_test_batches=dev_run, limit_predict_batches=dev_run,
+                      val_check_interval=1.0, check_val_every_n_epoch=1, enable_checkpointing=False)
+    values["strategy"] = _resolve_strategy(values["strategy"], devices, values["num_nodes"], values["precision"])
+    _check_strategy_precision(values["strategy"], values["precision"])
+    return RunSpec(device_type=device_type, devices=tuple(devices), **values)
+
+
+def _resolve_hardware(accelerator: Any, devices: Any, gpus: Any, hardware: Hardware) -> tuple[str, list[torch.device]]:
+    """`gpus=N` is an alias of `accelerator="gpu", devices=N`; the rest is resolved against the hardware."""
     if gpus is not None:
         if accelerator not in ("auto", "gpu", "cuda"):
             raise ConfigError(
@@ -216,67 +181,5 @@ def parse_flags(
                 f"gpus={gpus!r} and devices={devices!r} were both given; gpus=N is an alias of devices=N."
             )
         accelerator, devices = "gpu", gpus
-    hardware = hardware or Hardware.detect()
     device_type = resolve_accelerator(accelerator, hardware)
-    device_list = resolve_devices(device_type, devices, hardware)
-    _check_int("num_nodes", num_nodes, 1)
-    canonical = canonical_precision(precision)
-
-    dev_run = int(fast_dev_run) if isinstance(fast_dev_run, bool) else _check_int(
-        "fast_dev_run", fast_dev_run, 0, " (or a bool)"
-    )
-    if max_epochs is None:
-        max_epochs = DEFAULT_MAX_EPOCHS if max_steps == -1 and max_time is None else -1
-    _check_int("max_epochs", max_epochs, -1, " (-1 means no limit)")
-    min_epochs = _check_int("min_epochs", 0 if min_epochs is None else min_epochs, 0)
-    _check_int("max_steps", max_steps, -1, " (-1 means no limit)")
-    limits = [_check_limit(n, v) for n, v in (
-        ("limit_train_batches", limit_train_batches), ("limit_val_batches", limit_val_batches),
-        ("limit_test_batches", limit_test_batches), ("limit_predict_batches", limit_predict_batches))]
-    if isinstance(val_check_interval, bool) or not isinstance(val_check_interval, (int, float)) or (
-        isinstance(val_check_interval, float) and not 0.0 < val_check_interval <= 1.0
-    ) or (isinstance(val_check_interval, int) and val_check_interval < 1):
-        raise ConfigError(
-            f"val_check_interval={val_check_interval!r} is not valid: use a float in (0.0, 1.0] (fraction of an "
-            "epoch) or an int >= 1 (every N training batches)."
-        )
-    if check_val_every_n_epoch is not None:
-        _check_int("check_val_every_n_epoch", check_val_every_n_epoch, 1, " or None")
-    _check_int("num_sanity_val_steps", num_sanity_val_steps, -1, " (-1 runs all validation batches)")
-    _check_int("accumulate_grad_batches", accumulate_grad_batches, 1)
-    if gradient_clip_val is not None and (
-        isinstance(gradient_clip_val, bool) or not isinstance(gradient_clip_val, (int, float))
-        or not math.isfinite(gradient_clip_val) or gradient_clip_val < 0
-    ):
-        raise ConfigError(f"gradient_clip_val={gradient_clip_val!r} is not valid: use None or a number >= 0.")
-    if gradient_clip_algorithm not in ("norm", "value"):
-        raise ConfigError(f"gradient_clip_algorithm={gradient_clip_algorithm!r} is not valid: use 'norm' or 'value'.")
-    _check_int("log_every_n_steps", log_every_n_steps, 1)
-    _check_int("agree_every_n_steps", agree_every_n_steps, 1)
-    if deterministic not in (True, False, "warn"):
-        raise ConfigError(f"deterministic={deterministic!r} is not valid: use True, False or 'warn'.")
-
-    if dev_run:
-        max_epochs, max_steps, num_sanity_val_steps = 1, dev_run, 0
-        limits = [dev_run] * 4
-        val_check_interval, check_val_every_n_epoch = 1.0, 1
-
-    strategy_obj = _resolve_strategy(strategy, device_list, num_nodes, canonical)
-    _check_strategy_precision(strategy_obj, canonical)
-    return RunSpec(
-        device_type=device_type, devices=tuple(device_list), num_nodes=num_nodes, strategy=strategy_obj,
-        precision=canonical, max_epochs=max_epochs, min_epochs=min_epochs, max_steps=max_steps,
-        max_time=parse_max_time(max_time), limit_train_batches=limits[0], limit_val_batches=limits[1],
-        limit_test_batches=limits[2], limit_predict_batches=limits[3], val_check_interval=val_check_interval,
-        check_val_every_n_epoch=check_val_every_n_epoch, num_sanity_val_steps=num_sanity_val_steps,
-        accumulate_grad_batches=accumulate_grad_batches,
-        gradient_clip_val=None if gradient_clip_val is None else float(gradient_clip_val),
-        gradient_clip_algorithm=gradient_clip_algorithm, log_every_n_steps=log_every_n_steps,
-        default_root_dir=to_path(default_root_dir) if default_root_dir is not None else Path.cwd(),
-        deterministic=deterministic, fast_dev_run=dev_run,
-        enable_checkpointing=enable_checkpointing and not dev_run,
-        enable_progress_bar=enable_progress_bar, enable_model_summary=enable_model_summary,
-        use_distributed_sampler=use_distributed_sampler, detect_anomaly=detect_anomaly,
-        terminate_on_nan=terminate_on_nan, agree_every_n_steps=agree_every_n_steps,
-        checkpoint_on_interrupt=checkpoint_on_interrupt,
-    )
+    return device_type, resolve_devices(device_type, devices, hardware)

@@ -66,6 +66,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from trainer.fit_state import FitState
     from trainer.trainer import Trainer
 
 # Hooks for which monitoring callbacks must run after the module (see module docstring).
@@ -105,7 +106,7 @@ class HookDispatcher:
         from trainer.module import TrainModule
 
         trainer = self._trainer
-        module = trainer._module_or_none
+        module = trainer.lightning_module
         callbacks = [cb for cb in trainer.callbacks if _is_overridden(cb, name, Callback)]
         calls: list[Callable[..., Any]] = []
         if name in _MONITOR_AFTER_MODULE:
@@ -124,24 +125,23 @@ def _callback_call(callback: Any, name: str, trainer: Trainer) -> Callable[..., 
     method = getattr(callback, name)
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        return method(trainer, trainer._module_or_none, *args, **kwargs)
+        return method(trainer, trainer.lightning_module, *args, **kwargs)
 
-    call._is_callback = True  # type: ignore[attr-defined]
     return call
 
 
-def call_hook(trainer: Trainer, name: str, *args: Any, **kwargs: Any) -> Any:
+def call_hook(loop: FitState, name: str, *args: Any, **kwargs: Any) -> Any:
     """Call hook `name` on every callback (as `cb.name(trainer, module, *args)`), then on the module.
 
     Returns the last non-None value a hook returned (on_train_batch_start may return -1).
     """
-    hooks = trainer._hooks
+    hooks = loop.hooks
     targets = hooks._cache.get(name)
     if targets is None:
         targets = hooks.targets(name)
     if not targets:  # the common case on the hot path: nobody overrides this hook
         return None
-    results = trainer._results
+    results = loop.results
     previous = results.current_fx
     results.current_fx = name
     returned = None

@@ -10,13 +10,15 @@ from typing import Any
 from torch import Tensor
 
 from trainer.results import ResultCollection, to_python
+from trainer.state import Progress
 
 
 class MetricsRouter:
     """Merges what the running loops logged into the three user-visible dicts, and feeds loggers."""
 
-    def __init__(self, log_every_n_steps: int) -> None:
+    def __init__(self, log_every_n_steps: int, progress: Progress) -> None:
         self.log_every_n_steps = log_every_n_steps
+        self._progress = progress
         self.loggers: Sequence[Any] = ()
         self._callback: dict[str, Tensor] = {}
         self._logged: dict[str, Any] = {}
@@ -79,10 +81,28 @@ class MetricsRouter:
         self._live = None
         self._callback, self._logged = dict(callback), dict(logged)
 
+    # --- the logging cadence ----------------------------------------------------------------------
+    def log_due(self, batches_done: int) -> bool:
+        """Does the training batch that completes `batches_done` batches send its step values to the loggers?"""
+        return bool(self.loggers) and batches_done % self.log_every_n_steps == 0
+
+    @property
+    def batch_starting_logs(self) -> bool:
+        """In `on_train_batch_start` (the batch not counted yet): will this batch's step values reach the loggers?"""
+        return self.log_due(self._progress.total_batches + 1)
+
+    def send_measured(self, values: dict[str, float], step: int) -> None:
+        """Send values a callback measured itself (not `self.log` values) to the loggers at `step`.
+
+        They stay out of `logged_metrics`, as a Lightning callback writing to its loggers does.
+        """
+        for logger in self.loggers:
+            logger.log_metrics(values, step=step)
+
     # --- updates from the loops -------------------------------------------------------------------
     def step_end(self, results: ResultCollection, batches_done: int, step: int, epoch: int) -> None:
         """After each training batch: send step values to the loggers when the cadence says so."""
-        if not self.loggers or batches_done % self.log_every_n_steps:
+        if not self.log_due(batches_done):
             return
         values = results.step_metrics("logger")
         if values:

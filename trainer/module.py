@@ -71,10 +71,10 @@ class TrainModule(DataHooks, nn.Module):
     @property
     def device(self) -> torch.device:
         """The device of the module's first parameter (or buffer); CPU for a module without any."""
-        for tensor in self.parameters():
-            return tensor.device
-        for tensor in self.buffers():
-            return tensor.device
+        for param in self.parameters():
+            return param.device
+        for buffer in self.buffers():
+            return buffer.device
         return torch.device("cpu")
 
     @property
@@ -300,7 +300,8 @@ class TrainModule(DataHooks, nn.Module):
             )
         if not isinstance(name, str) or not name:
             raise MisconfigurationError(f"self.log() needs a non-empty string name, got {name!r}.")
-        self._trainer._results.log(name, value, on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx, batch_size)
+        self._trainer.fit_state.results.log(name, value, on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx,
+                                            batch_size)
 
     def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
         """`self.log` for every item of the dict, with the same options."""
@@ -341,7 +342,7 @@ class TrainModule(DataHooks, nn.Module):
     # --- optimization --------------------------------------------------------------------------
     def optimizers(self) -> Any:
         """The optimizer(s) the Trainer set up: one object, or a list when there are several."""
-        opts = self.trainer._optimizers_for_user()
+        opts = self.trainer.fit_state.optimizers_for_user()
         return opts[0] if len(opts) == 1 else opts
 
     def lr_schedulers(self) -> Any:
@@ -355,10 +356,10 @@ class TrainModule(DataHooks, nn.Module):
         """Backward for manual optimization: use this instead of `loss.backward()` (precision, DDP)."""
         from trainer.hooks import call_hook
 
-        trainer = self.trainer
-        call_hook(trainer, "on_before_backward", loss)
-        trainer.strategy.manual_backward(loss)
-        call_hook(trainer, "on_after_backward")
+        loop = self.trainer.fit_state
+        call_hook(loop, "on_before_backward", loss)
+        loop.strategy.manual_backward(loss)
+        call_hook(loop, "on_after_backward")
 
     def clip_gradients(
         self, optimizer: Optimizer | _StrategyOptimizer, gradient_clip_val: float | None = None,

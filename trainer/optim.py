@@ -90,25 +90,28 @@ def normalize_optimizers(result: Any, *, allow_none: bool = False) -> OptimizerS
     if isinstance(result, Mapping):
         return _from_dict(result, result)
     if isinstance(result, Sequence) and not isinstance(result, str):
-        items = list(result)
-        if len(items) == 2 and isinstance(items[0], Sequence) and isinstance(items[1], Sequence) and isinstance(
-            result, tuple
-        ):
-            opts, scheds = list(items[0]), list(items[1])
-            if not opts or not all(isinstance(o, Optimizer) for o in opts):
-                raise _bad(result, "the first element of the tuple must be a list of Optimizers")
-            return OptimizerSetup(opts, [_scheduler_config(s, result) for s in scheds])
-        if items and all(isinstance(o, Optimizer) for o in items):
-            return OptimizerSetup(items)
-        if items and all(isinstance(o, Mapping) for o in items):
-            setup = OptimizerSetup()
-            for d in items:
-                part = _from_dict(d, result)
-                setup.optimizers += part.optimizers
-                setup.schedulers += part.schedulers
-            return setup
-        raise _bad(result, "a list must hold only Optimizers or only optimizer dicts")
+        return _from_sequence(result)
     raise _bad(result, "unsupported type")
+
+
+def _from_sequence(result: Sequence) -> OptimizerSetup:
+    """`(optimizers, schedulers)`, a list of optimizers, or a list of optimizer dicts."""
+    items = list(result)
+    if isinstance(result, tuple) and len(items) == 2 and all(isinstance(i, Sequence) for i in items):
+        opts, scheds = list(items[0]), list(items[1])
+        if not opts or not all(isinstance(o, Optimizer) for o in opts):
+            raise _bad(result, "the first element of the tuple must be a list of Optimizers")
+        return OptimizerSetup(opts, [_scheduler_config(s, result) for s in scheds])
+    if items and all(isinstance(o, Optimizer) for o in items):
+        return OptimizerSetup(items)
+    if items and all(isinstance(o, Mapping) for o in items):
+        setup = OptimizerSetup()
+        for d in items:
+            part = _from_dict(d, result)
+            setup.optimizers += part.optimizers
+            setup.schedulers += part.schedulers
+        return setup
+    raise _bad(result, "a list must hold only Optimizers or only optimizer dicts")
 
 
 class SchedulerStepper:
@@ -127,7 +130,7 @@ class SchedulerStepper:
             if count % config.frequency:
                 continue
             if config.needs_metric:
-                value = metrics.get(config.monitor)  # type: ignore[arg-type]
+                value = metrics.get(config.monitor) if config.monitor else None  # set: checked when configured
                 if value is None:
                     if config.strict:
                         raise MisconfigurationError(

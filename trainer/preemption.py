@@ -84,7 +84,7 @@ def stop_and_exit(trainer: Trainer, signum: int) -> NoReturn:
     name = "SIGINT (Ctrl-C)" if interrupted else signal.Signals(signum).name
     stopped = (f"[rank {trainer.global_rank}] {name} received: stopped after global step {trainer.global_step} "
                f"(epoch {trainer.current_epoch})")
-    if interrupted and not trainer._spec.checkpoint_on_interrupt:
+    if interrupted and not trainer.checkpoint_on_interrupt:
         _say(f"{stopped}; no checkpoint saved (Trainer(checkpoint_on_interrupt=True) saves one).")
         raise Interrupted(f"{name} received")
     path = stop_checkpoint_path(trainer)

@@ -1,87 +1,97 @@
 """The Trainer's read-only state: the flags it was built with and what a user reads during and after a run.
 
-Kept apart from trainer.py so that file stays about running; everything here only reads attributes the
-Trainer sets (`_spec`, `strategy`, `_progress`, `_metrics`, `_schedule`, `_loaders`, `state`, `callbacks`).
+Kept apart from trainer.py so that file stays about running; everything here reads the Trainer's public
+attributes (`fit_state`, `strategy`, `state`, `callbacks`, `loggers`): what callbacks need is public here.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer.state import RunningStage
 
+if TYPE_CHECKING:
+    from torch.optim import Optimizer
+
+    from trainer.fit_state import FitState
+    from trainer.metrics import MetricsRouter
+    from trainer.optim import SchedulerConfig
+
 
 class TrainerProperties:
     """Mixed into Trainer: Lightning's read-only properties, each a one-line view of the run's state."""
 
-    _spec: Any
+    fit_state: FitState
     strategy: Any
     state: Any
     callbacks: list[Any]
     loggers: list[Any]
-    _progress: Any
-    _metrics: Any
-    _schedule: Any
-    _loaders: Any
-    _module: Any
 
     # --- flags users read ---------------------------------------------------------------------------
-    max_epochs = property(lambda self: self._spec.max_epochs)
+    max_epochs = property(lambda self: self.fit_state.spec.max_epochs)
     """The `max_epochs` flag as resolved (1000 when no limit was given, -1 when only steps or time limit)."""
-    min_epochs = property(lambda self: self._spec.min_epochs)
+    min_epochs = property(lambda self: self.fit_state.spec.min_epochs)
     """The `min_epochs` flag."""
-    max_steps = property(lambda self: self._spec.max_steps)
+    max_steps = property(lambda self: self.fit_state.spec.max_steps)
     """The `max_steps` flag (-1: no step limit)."""
-    accumulate_grad_batches = property(lambda self: self._spec.accumulate_grad_batches)
+    accumulate_grad_batches = property(lambda self: self.fit_state.spec.accumulate_grad_batches)
     """Batches per optimizer step."""
-    gradient_clip_val = property(lambda self: self._spec.gradient_clip_val)
+    gradient_clip_val = property(lambda self: self.fit_state.spec.gradient_clip_val)
     """The clipping threshold, or None."""
-    gradient_clip_algorithm = property(lambda self: self._spec.gradient_clip_algorithm)
+    gradient_clip_algorithm = property(lambda self: self.fit_state.spec.gradient_clip_algorithm)
     """`"norm"` or `"value"`."""
-    check_val_every_n_epoch = property(lambda self: self._spec.check_val_every_n_epoch)
+    check_val_every_n_epoch = property(lambda self: self.fit_state.spec.check_val_every_n_epoch)
     """Validate every N epochs (None: count `val_check_interval` batches across epochs)."""
-    val_check_interval = property(lambda self: self._spec.val_check_interval)
+    val_check_interval = property(lambda self: self.fit_state.spec.val_check_interval)
     """Validation cadence within an epoch: a fraction of it (float) or a batch count (int)."""
-    log_every_n_steps = property(lambda self: self._spec.log_every_n_steps)
+    log_every_n_steps = property(lambda self: self.fit_state.spec.log_every_n_steps)
     """How often step metrics go to the loggers."""
-    fast_dev_run = property(lambda self: self._spec.fast_dev_run)
+    fast_dev_run = property(lambda self: self.fit_state.spec.fast_dev_run)
     """The `fast_dev_run` flag."""
-    default_root_dir = property(lambda self: str(self._spec.default_root_dir))
+    default_root_dir = property(lambda self: str(self.fit_state.spec.default_root_dir))
     """Where logs and checkpoints go (the current directory by default)."""
-    precision = property(lambda self: self._spec.precision)
+    precision = property(lambda self: self.fit_state.spec.precision)
     """The canonical precision name, e.g. `"32-true"` or `"bf16-mixed"` (aliases such as `16` resolved)."""
-    num_nodes = property(lambda self: self._spec.num_nodes)
+    num_nodes = property(lambda self: self.fit_state.spec.num_nodes)
     """The number of machines."""
-    num_devices = property(lambda self: len(self._spec.devices))
+    num_devices = property(lambda self: len(self.fit_state.spec.devices))
     """The number of devices (processes) per machine."""
+    checkpoint_on_interrupt = property(lambda self: self.fit_state.spec.checkpoint_on_interrupt)
+    """The `checkpoint_on_interrupt` flag: whether Ctrl-C saves a checkpoint before the run stops."""
 
     # --- state users read ---------------------------------------------------------------------------
     @property
     def global_step(self) -> int:
         """Optimizer steps taken so far (in manual optimization: `optimizer.step()` calls)."""
-        return self._progress.global_step
+        return self.fit_state.progress.global_step
 
     @property
     def current_epoch(self) -> int:
         """The current epoch, counted from 0; after fit, the number of epochs run."""
-        return self._progress.current_epoch
+        return self.fit_state.progress.current_epoch
+
+    @property
+    def metrics_router(self) -> MetricsRouter:
+        """Where logged values go, and the owner of the `log_every_n_steps` cadence: a callback that measures
+        values itself (as `LearningRateMonitor` does) asks it when to log and sends them through it."""
+        return self.fit_state.metrics
 
     @property
     def callback_metrics(self) -> dict[str, torch.Tensor]:
         """Every logged value as a tensor: the latest step values and the epoch values."""
-        return self._metrics.callback_metrics
+        return self.fit_state.metrics.callback_metrics
 
     @property
     def logged_metrics(self) -> dict[str, Any]:
         """What was last sent to the loggers, as floats."""
-        return self._metrics.logged_metrics
+        return self.fit_state.metrics.logged_metrics
 
     @property
     def progress_bar_metrics(self) -> dict[str, float]:
         """Values logged with `prog_bar=True`, as floats."""
-        return self._metrics.progress_bar_metrics
+        return self.fit_state.metrics.progress_bar_metrics
 
     global_rank = property(lambda self: self.strategy.global_rank)
     """This process's rank among all processes."""
@@ -101,11 +111,11 @@ class TrainerProperties:
         It is not reduced across ranks for you: under DDP set it on every rank alike, as EarlyStopping does
         (it agrees on its decision with a collective first).
         """
-        return self._schedule.should_stop
+        return self.fit_state.schedule.should_stop
 
     @should_stop.setter
     def should_stop(self, value: bool) -> None:
-        self._schedule.should_stop = bool(value)
+        self.fit_state.schedule.should_stop = bool(value)
 
     @property
     def logger(self) -> Any:
@@ -143,21 +153,17 @@ class TrainerProperties:
     @property
     def lightning_module(self) -> Any:
         """The TrainModule being run (Lightning's name for it)."""
-        return self._module
-
-    @property
-    def _module_or_none(self) -> Any:
-        return self._module
+        return self.fit_state.module
 
     @property
     def num_training_batches(self) -> int | float:
         """Training batches per epoch after `limit_train_batches` (`inf` for a loader without length)."""
-        return self._schedule.num_training_batches
+        return self.fit_state.schedule.num_training_batches
 
     @property
     def num_val_batches(self) -> list[int | float]:
         """Validation batches per loader after `limit_val_batches`."""
-        return list(self._loaders.val_limits)
+        return list(self.fit_state.loaders.val_limits)
 
     @property
     def sanity_checking(self) -> bool:
@@ -172,4 +178,50 @@ class TrainerProperties:
     @property
     def train_dataloader(self) -> Any:
         """The training loader as the Trainer uses it (with its distributed sampler, if injected)."""
-        return self._loaders.train
+        return self.fit_state.loaders.train
+
+    @property
+    def total_batches(self) -> int:
+        """Training batches finished over the whole fit, across epochs and resumes (the count that
+        `log_every_n_steps` runs on; `global_step` counts optimizer steps instead)."""
+        return self.fit_state.progress.total_batches
+
+    @property
+    def num_sanity_val_batches(self) -> list[int | float]:
+        """Sanity-check batches per validation loader (`num_sanity_val_steps`, capped by each loader's limit)."""
+        return self.fit_state.eval_loaders(RunningStage.SANITY_CHECKING)[1]
+
+    @property
+    def num_test_batches(self) -> list[int | float]:
+        """Test batches per loader after `limit_test_batches`."""
+        return list(self.fit_state.loaders.test_limits)
+
+    @property
+    def num_predict_batches(self) -> list[int | float]:
+        """Predict batches per loader after `limit_predict_batches`."""
+        return list(self.fit_state.loaders.predict_limits)
+
+    @property
+    def validating(self) -> bool:
+        """True while a validation runs (during fit, or `validate()`), the sanity check excluded."""
+        return self.state.stage == RunningStage.VALIDATING
+
+    @property
+    def testing(self) -> bool:
+        """True while `test()` runs."""
+        return self.state.stage == RunningStage.TESTING
+
+    @property
+    def predicting(self) -> bool:
+        """True while `predict()` runs."""
+        return self.state.stage == RunningStage.PREDICTING
+
+    @property
+    def optimizers(self) -> list[Optimizer]:
+        """The optimizers of the current fit, as the strategy set them up (e.g. ZeRO-1's sharded ones)."""
+        return self.fit_state.optimizers
+
+    @property
+    def lr_scheduler_configs(self) -> list[SchedulerConfig]:
+        """The schedulers from `configure_optimizers()`, with their interval, frequency and monitor."""
+        return self.fit_state.lr_scheduler_configs

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from trainer.trainer import Trainer
+    from trainer.fit_state import FitState
 
 
 @dataclass
@@ -28,15 +28,16 @@ class RankZeroResult:
     logger_versions: list[Any] = field(default_factory=list)
     status: str = "finished"
 
-    def adopt_into(self, trainer: Trainer, model: Any) -> Any:
+    def adopt_into(self, loop: FitState, model: Any) -> Any:
         """In the launching process: take over what rank 0 sent back; return the run's result."""
         from trainer.state import TrainerStatus
 
+        trainer = loop.trainer
         if model is not None:
             model.load_state_dict(self.module_state)
-            trainer._module, model.trainer = model, trainer
-        trainer._progress.load_state_dict(self.progress)
-        trainer._metrics.adopt(self.callback_metrics, self.logged_metrics)
+            loop.module, model.trainer = model, trainer
+        loop.progress.load_state_dict(self.progress)
+        loop.metrics.adopt(self.callback_metrics, self.logged_metrics)
         for cb in trainer.callbacks:
             if cb.state_key in self.callback_states:
                 cb.load_state_dict(self.callback_states[cb.state_key])
@@ -52,24 +53,24 @@ class LocalResult:
 
     result: Any
 
-    def adopt_into(self, trainer: Trainer, model: Any) -> Any:
+    def adopt_into(self, loop: FitState, model: Any) -> Any:
         return self.result
 
 
-def pack_if_child(trainer: Trainer, result: Any) -> LocalResult | RankZeroResult | None:
+def pack_if_child(loop: FitState, result: Any) -> LocalResult | RankZeroResult | None:
     """In the launching process: the plain result. In a spawned rank: a RankZeroResult (or None off rank 0,
     whose return value the spawn launcher drops)."""
-    if os.getpid() == trainer._launcher_pid:
+    if os.getpid() == loop.launcher_pid:
         return LocalResult(result)
-    if not trainer.is_global_zero:
+    if not loop.strategy.is_global_zero:
         return None
-    module = trainer.lightning_module
+    module, trainer = loop.module, loop.trainer
     return RankZeroResult(
         result=result,
         module_state={k: v.detach().cpu() for k, v in module.state_dict().items()} if module is not None else {},
-        progress=trainer._progress.state_dict(),
-        callback_metrics={k: v.detach().cpu() for k, v in trainer.callback_metrics.items()},
-        logged_metrics=trainer.logged_metrics,
+        progress=loop.progress.state_dict(),
+        callback_metrics={k: v.detach().cpu() for k, v in loop.metrics.callback_metrics.items()},
+        logged_metrics=loop.metrics.logged_metrics,
         callback_states={cb.state_key: cb.state_dict() for cb in trainer.callbacks},
         logger_versions=[logger.identity() for logger in trainer.loggers],
         status=trainer.state.status.value,

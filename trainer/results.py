@@ -110,7 +110,7 @@ class _Entry:
 class ResultCollection:
     """What one loop (train, validate, test) logged. The Trainer keeps one per stage."""
 
-    def __init__(self, reduce: Callable[[Tensor, str], Tensor],
+    def __init__(self, reduce: Callable[[Tensor, Any], Tensor],
                  check_keys: Callable[[list[str], str], None] | None = None) -> None:
         self._reduce = reduce
         self._check_keys = check_keys  # control plane: every rank reduces the same names (trainer/control.py)
@@ -144,22 +144,7 @@ class ResultCollection:
         self, name: str, value: Any, on_step: bool | None, on_epoch: bool | None, prog_bar: bool, logger: bool,
         sync_dist: bool, reduce_fx: str, batch_size: int | None,
     ) -> None:
-        fx = self.current_fx
-        rules = LOGGING_HOOKS.get(fx) if fx is not None else None
-        if rules is None:
-            where = f"in {fx!r}" if fx else "outside the Trainer's hooks"
-            raise MisconfigurationError(
-                f"self.log({name!r}) was called {where}, where logging is not supported. "
-                f"Log from training_step, validation_step, test_step or the batch/epoch hooks: {sorted(LOGGING_HOOKS)}."
-            )
-        step = rules[0] if on_step is None else on_step
-        epoch = rules[1] if on_epoch is None else on_epoch
-        if step and not rules[2]:
-            raise MisconfigurationError(
-                f"self.log({name!r}, on_step=True) is not allowed in {fx!r}: it runs once per epoch."
-            )
-        if not (step or epoch):
-            raise MisconfigurationError(f"self.log({name!r}) with on_step=False and on_epoch=False logs nothing.")
+        step, epoch = self._cadence(name, on_step, on_epoch)
         if reduce_fx not in _REDUCE_FX:
             raise MisconfigurationError(f"self.log({name!r}, reduce_fx={reduce_fx!r}): use one of {_REDUCE_FX}.")
         key = name + self.key_suffix
@@ -179,13 +164,38 @@ class ResultCollection:
                 return
             value = self._as_tensor(name, value)
             if step:
-                if sync_dist and (self.defer_eval_sync or (self.defer_sync and fx == "training_step")):
-                    entry.step_value = value
-                    self._pending_sync.append(entry)
-                else:
-                    entry.step_value = self._reduce(value, reduce_fx) if sync_dist else value
+                self._set_step_value(entry, value, sync_dist, reduce_fx)
             if epoch:
                 entry.update_epoch(value, self._infer_batch_size(name, batch_size, reduce_fx))
+
+    def _cadence(self, name: str, on_step: bool | None, on_epoch: bool | None) -> tuple[bool, bool]:
+        """(on_step, on_epoch) for a value logged in the current hook: its defaults, or an error where not allowed."""
+        fx = self.current_fx
+        rules = LOGGING_HOOKS.get(fx) if fx is not None else None
+        if rules is None:
+            where = f"in {fx!r}" if fx else "outside the Trainer's hooks"
+            raise MisconfigurationError(
+                f"self.log({name!r}) was called {where}, where logging is not supported. "
+                f"Log from training_step, validation_step, test_step or the batch/epoch hooks: {sorted(LOGGING_HOOKS)}."
+            )
+        step = rules[0] if on_step is None else on_step
+        epoch = rules[1] if on_epoch is None else on_epoch
+        if step and not rules[2]:
+            raise MisconfigurationError(
+                f"self.log({name!r}, on_step=True) is not allowed in {fx!r}: it runs once per epoch."
+            )
+        if not (step or epoch):
+            raise MisconfigurationError(f"self.log({name!r}) with on_step=False and on_epoch=False logs nothing.")
+        return step, epoch
+
+    def _set_step_value(self, entry: _Entry, value: Tensor, sync_dist: bool, reduce_fx: str) -> None:
+        """The step value: synced now, or later in one collective (training_step with deferred sync: after the
+        step; an evaluation with uneven shards: over the ranks that have the step)."""
+        if sync_dist and (self.defer_eval_sync or (self.defer_sync and self.current_fx == "training_step")):
+            entry.step_value = value
+            self._pending_sync.append(entry)
+        else:
+            entry.step_value = self._reduce(value, reduce_fx) if sync_dist else value
 
     @staticmethod
     def _as_tensor(name: str, value: Any) -> Tensor:

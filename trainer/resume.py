@@ -25,7 +25,7 @@ from trainer.sampling import resumable_sampler
 from trainer.seed import capture_rng_state, restore_rng_state
 
 if TYPE_CHECKING:
-    from trainer.trainer import Trainer
+    from trainer.fit_state import FitState
 
 
 @dataclass
@@ -53,21 +53,21 @@ class SavedPosition:
     callbacks: dict[str, Any] | None = None
 
 
-def checkpoint_position(trainer: Trainer) -> SavedPosition:
+def checkpoint_position(loop: FitState) -> SavedPosition:
     """What a checkpoint taken now records: the live position, or the one frozen when an epoch was left early."""
-    stopped = trainer._position.stopped
+    stopped = loop.position.stopped
     if stopped is not None:
         return SavedPosition(stopped["progress"], dict(stopped["loop"]), stopped["metrics"], stopped["callbacks"])
-    return SavedPosition(saved_progress(trainer._position, trainer._progress.state_dict()), _loop_state(trainer))
+    return SavedPosition(saved_progress(loop.position, loop.progress.state_dict()), _loop_state(loop))
 
 
-def _loop_state(trainer: Trainer) -> dict[str, Any]:
+def _loop_state(loop: FitState) -> dict[str, Any]:
     """This rank's part: RNG, epoch start, data order, open gradients, epoch accumulators."""
-    position = trainer._position
+    position = loop.position
     rolled_back = position.phase is Phase.BATCH_STARTED
-    sampler = resumable_sampler(trainer._loaders.train)
+    sampler = resumable_sampler(loop.loaders.train)
     sampler_state = sampler.epoch_state if sampler is not None else {}
-    window_has_loss, step_pending = window_after(position, trainer._window_has_loss)
+    window_has_loss, step_pending = window_after(position, loop.window_has_loss)
     state: dict[str, Any] = {
         "rng": rng_after(position, capture_rng_state()),
         "epoch_start_rng": position.epoch_start_rng,
@@ -75,54 +75,54 @@ def _loop_state(trainer: Trainer) -> dict[str, Any]:
         "generators": sampler.generator_states() if sampler is not None else [],
         "window_has_loss": window_has_loss,
         "step_pending": step_pending,
-        "results": trainer._train_results.state_dict(before_batch=rolled_back),
+        "results": loop.train_results.state_dict(before_batch=rolled_back),
     }
     if window_has_loss:  # inside a gradient-accumulation window: the partial sum is state too
-        grads = trainer.strategy.accumulated_gradients()
+        grads = loop.strategy.accumulated_gradients()
         if grads is None:
             rank_zero_warn(
                 f"checkpoint taken inside a gradient-accumulation window (or before its optimizer step) with "
-                f"{type(trainer.strategy).__name__}, "
+                f"{type(loop.strategy).__name__}, "
                 "which cannot read the partial gradient sum: a resume from it restarts that window's gradients "
                 "from zero (not bit-exact). Save at optimizer-step boundaries (e.g. every_n_train_steps)."
             )
             state["window_has_loss"] = state["step_pending"] = False
         else:
-            precision, opt = trainer.strategy.precision, trainer.optimizers[0] if trainer.optimizers else None
+            precision, opt = loop.strategy.precision, loop.optimizers[0] if loop.optimizers else None
             state["grads"] = precision.gradients_as_backward_left_them(opt, grads) if step_pending and opt else grads
     return state
 
 
-def freeze_at_stop(trainer: Trainer) -> None:
+def freeze_at_stop(loop: FitState) -> None:
     """The loop leaves an epoch before its end because the fit stops: until training goes on, checkpoints
     record this position, not the epoch end that follows (a resume continues the epoch here)."""
-    saved = checkpoint_position(trainer)
-    trainer._position.stopped = copy.deepcopy({
+    saved = checkpoint_position(loop)
+    loop.position.stopped = copy.deepcopy({
         "progress": saved.progress,
         "loop": saved.loop,
-        "metrics": trainer._metrics.state_dict(),
-        "callbacks": {cb.state_key: state for cb in trainer.callbacks if (state := cb.state_dict())},
+        "metrics": loop.metrics.state_dict(),
+        "callbacks": {cb.state_key: state for cb in loop.trainer.callbacks if (state := cb.state_dict())},
     })
 
 
-def plan_resume(trainer: Trainer, per_rank: list[dict[str, Any]], path: Any) -> ResumePoint:
+def plan_resume(loop: FitState, per_rank: list[dict[str, Any]], path: Any) -> ResumePoint:
     """Pick this rank's loop state from a checkpoint and check it fits this run's topology."""
-    progress = trainer._progress
+    progress = loop.progress
     mid_epoch = progress.epoch_opened and not progress.epoch_finished
-    rank, saved_world = trainer.global_rank, len(per_rank)
-    if saved_world != trainer.world_size:
-        if mid_epoch and trainer._schedule.limit_reached() is None:  # with nothing left to train, order is moot
+    rank, saved_world, world = loop.strategy.global_rank, len(per_rank), loop.strategy.world_size
+    if saved_world != world:
+        if mid_epoch and loop.schedule.limit_reached() is None:  # with nothing left to train, order is moot
             raise CheckpointLoadError(
-                f"{path} was saved mid-epoch by {saved_world} rank(s); this run has {trainer.world_size}. The data "
+                f"{path} was saved mid-epoch by {saved_world} rank(s); this run has {world}. The data "
                 "order of an unfinished epoch depends on the world size: resume with the same number of processes, "
                 "or from a checkpoint taken at an epoch end."
             )
-        rank_zero_warn(f"{path} was saved by {saved_world} rank(s), this run has {trainer.world_size}: per-rank RNG "
+        rank_zero_warn(f"{path} was saved by {saved_world} rank(s), this run has {world}: per-rank RNG "
                        "states are not restored.")
         return ResumePoint(rng=None, mid_epoch=False)
     mine = per_rank[rank]
-    trainer._train_results.load_state_dict(mine.get("results", {}))
-    sampler = resumable_sampler(trainer._loaders.train)
+    loop.train_results.load_state_dict(mine.get("results", {}))
+    sampler = resumable_sampler(loop.loaders.train)
     if sampler is not None:
         sampler.keep_run_seed(mine.get("sampler") or {})
     return ResumePoint(rng=mine.get("rng"), mid_epoch=mid_epoch, batches_done=progress.epoch_batches,
@@ -131,33 +131,33 @@ def plan_resume(trainer: Trainer, per_rank: list[dict[str, Any]], path: Any) -> 
                        window_has_loss=bool(mine.get("window_has_loss")), step_pending=bool(mine.get("step_pending")))
 
 
-def before_epoch(trainer: Trainer) -> None:
+def before_epoch(loop: FitState) -> None:
     """At an epoch-boundary resume, restore RNG and loader generators before anything of the new epoch runs."""
-    trainer._position.reset()  # training goes on: a position frozen at a stop no longer holds
-    point = trainer._resume_point
+    loop.position.reset()  # training goes on: a position frozen at a stop no longer holds
+    point = loop.resume_point
     if point is not None and not point.mid_epoch:
-        trainer._resume_point = None
+        loop.resume_point = None
         if point.rng is not None:
             restore_rng_state(point.rng)
-        sampler = resumable_sampler(trainer._loaders.train)
+        sampler = resumable_sampler(loop.loaders.train)
         if sampler is not None and point.generators:
             sampler.set_generator_states(point.generators)
 
 
-def open_epoch(trainer: Trainer, loader: Any) -> tuple[Any, int]:
+def open_epoch(loop: FitState, loader: Any) -> tuple[Any, int]:
     """Create the epoch's batch iterator; after a mid-epoch restore, positioned after the consumed batches.
 
     Returns (iterator, index of the first batch it yields).
     """
-    position, point = trainer._position, trainer._resume_point
+    position, point = loop.position, loop.resume_point
     sampler = resumable_sampler(loader)
-    trainer._progress.epoch_opened = True
+    loop.progress.epoch_opened = True
     if point is None or not point.mid_epoch:
         position.epoch_start_rng = torch.get_rng_state()
         if sampler is not None:
             sampler.begin_epoch()
         return iter(loader), 0
-    trainer._resume_point = None
+    loop.resume_point = None
     if point.epoch_start_rng is not None:
         torch.set_rng_state(point.epoch_start_rng)
     position.epoch_start_rng = torch.get_rng_state()
@@ -165,17 +165,17 @@ def open_epoch(trainer: Trainer, loader: Any) -> tuple[Any, int]:
     if point.rng is not None:
         restore_rng_state(point.rng)
     if point.grads:
-        for name, param in trainer.strategy.module.named_parameters():
+        for name, param in loop.strategy.module.named_parameters():
             if name in point.grads:
                 param.grad = point.grads[name].to(param.device, param.dtype)
-    trainer._window_has_loss = point.window_has_loss
+    loop.window_has_loss = point.window_has_loss
     if point.step_pending:  # saved between this window's last backward and its optimizer step
         from trainer.loops import close_window
 
-        trainer.strategy.precision.prepare_resumed_step(trainer.optimizers[0])
-        close_window(trainer)
+        loop.strategy.precision.prepare_resumed_step(loop.optimizers[0])
+        close_window(loop)
         position.set(Phase.BETWEEN_BATCHES)
-    if point.batches_done == trainer.num_training_batches and data.runs_out(loader, point.batches_done):
+    if point.batches_done == loop.schedule.num_training_batches and data.runs_out(loader, point.batches_done):
         data.run_out(iterator)  # the epoch's batches were all read: finish the iterator as the loop did
     return iterator, point.batches_done
 

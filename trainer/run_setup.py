@@ -15,9 +15,11 @@ from trainer import data
 from trainer.flags import RunSpec
 from trainer.loggers.base import run_folder
 from trainer.sampling import prepare_loader
+from trainer.seed import seed_workers_of
 from trainer.state import TrainerFn
 
 if TYPE_CHECKING:
+    from strategies.base import Strategy
     from trainer.trainer import Trainer
 
 
@@ -84,13 +86,16 @@ class StageLoaders:
     predict: list[Any] = field(default_factory=list)
     predict_limits: list[int | float] = field(default_factory=list)
 
-    def resolve(self, trainer: Trainer, fn: TrainerFn, given: dict[str, Any]) -> None:
-        spec, s, module = trainer._spec, trainer.strategy, trainer.lightning_module
-        sampler_kwargs = s.distributed_sampler_kwargs if spec.use_distributed_sampler else None
+    def resolve(self, spec: RunSpec, strategy: Strategy, module: Any, datamodule: Any, fn: TrainerFn,
+                given: dict[str, Any]) -> None:
+        """Resolve the loaders `fn` needs (arguments > datamodule > module hooks), samplers injected, limits applied."""
+        sampler_kwargs = strategy.distributed_sampler_kwargs if spec.use_distributed_sampler else None
 
         def prepare(stage: str, training: bool) -> tuple[list[Any], list[int | float]]:
-            loaders = data.resolve_loaders(stage, given.get(stage), trainer.datamodule, module)
+            loaders = data.resolve_loaders(stage, given.get(stage), datamodule, module)
             loaders = [prepare_loader(dl, sampler_kwargs, training) for dl in loaders]
+            for loader in loaders:
+                seed_workers_of(loader, strategy.global_rank)
             limit = getattr(spec, f"limit_{stage}_batches")
             return loaders, [data.limit_batches(stage, data.loader_length(dl), limit) for dl in loaders]
 

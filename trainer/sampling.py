@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
 import torch
@@ -106,7 +106,9 @@ class ResumableSampler(Sampler[int]):
         return itertools.islice(iter(indices), skip, None)
 
     def __len__(self) -> int:
-        return len(self.inner)  # type: ignore[arg-type]
+        if not isinstance(self.inner, Sized):  # torch's Sampler declares no length; the samplers we wrap have one
+            raise TypeError(f"{type(self.inner).__name__} has no length")
+        return len(self.inner)
 
     def set_epoch(self, epoch: int) -> None:
         """Called at every epoch start, before any replay is armed: a replay never leaks into the next epoch."""
@@ -119,12 +121,14 @@ class ResumableSampler(Sampler[int]):
 _DEFAULT_SAMPLERS = (RandomSampler, SequentialSampler, DistributedSampler)
 
 
-def _is_plain(loader: DataLoader) -> bool:
+def _plain_sampler(loader: DataLoader) -> Sampler[int] | None:
+    """The sampler of a loader we may re-build around another one; None when the loader is not ours to re-build."""
     # A batch sampler the user built (even a plain BatchSampler) is theirs: re-building would drop it.
-    batches = loader.batch_sampler
-    return type(loader) is DataLoader and type(loader.sampler) in _DEFAULT_SAMPLERS and (
-        batches is None or (type(batches) is BatchSampler and batches.sampler is loader.sampler)
+    sampler, batches = loader.sampler, loader.batch_sampler
+    plain = type(loader) is DataLoader and type(sampler) in _DEFAULT_SAMPLERS and (
+        batches is None or (type(batches) is BatchSampler and batches.sampler is sampler)
     )
+    return sampler if plain and isinstance(sampler, Sampler) else None
 
 
 def _rebuild(loader: DataLoader, sampler: Sampler[int]) -> DataLoader:
@@ -146,7 +150,8 @@ def prepare_loader(loader: Iterable, sampler_kwargs: dict[str, Any] | None, trai
     """
     if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
         return loader
-    if not _is_plain(loader):
+    sampler = _plain_sampler(loader)
+    if sampler is None:
         if sampler_kwargs is not None and not isinstance(loader.sampler, DistributedSampler):
             raise ConfigError(
                 f"cannot add a DistributedSampler to {type(loader).__name__} with {type(loader.sampler).__name__}: "
@@ -154,7 +159,6 @@ def prepare_loader(loader: Iterable, sampler_kwargs: dict[str, Any] | None, trai
                 "Trainer(use_distributed_sampler=False)."
             )
         return loader
-    sampler: Sampler[int] = loader.sampler
     if sampler_kwargs is not None and not isinstance(sampler, DistributedSampler):
         if training:
             seed = int(os.environ.get(SEED_ENV, 0))

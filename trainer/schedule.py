@@ -14,7 +14,8 @@ from trainer.state import Progress
 
 
 class FitSchedule:
-    """Owns val_check_interval, check_val_every_n_epoch, max/min epochs, max_steps and max_time."""
+    """Owns val_check_interval, check_val_every_n_epoch, the accumulation windows, max/min epochs, max_steps and
+    max_time."""
 
     def __init__(self, spec: RunSpec, progress: Progress) -> None:
         self.spec = spec
@@ -58,6 +59,13 @@ class FitSchedule:
         if self.spec.val_check_interval == 1.0 and is_last:
             return True
         return self._val_every != math.inf and (batch_idx + 1) % self._val_every == 0
+
+    def window_ends(self, batch_idx: int, is_last: bool) -> bool:
+        """Does this training batch close its gradient-accumulation window (so the optimizer steps after it)?
+
+        Every `accumulate_grad_batches`-th batch of the epoch, and the epoch's last batch, which closes a short window.
+        """
+        return is_last or (batch_idx + 1) % self.spec.accumulate_grad_batches == 0
 
     def sanity_steps(self, val_batches: int | float) -> int | float:
         n = self.spec.num_sanity_val_steps

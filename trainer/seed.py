@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 from typing import Any
@@ -11,6 +12,7 @@ import torch
 from strategies.distributed import rank_zero_info
 
 SEED_ENV = "TRAINER_GLOBAL_SEED"
+SEED_WORKERS_ENV = "TRAINER_SEED_WORKERS"  # "1" after seed_everything(workers=True); launched ranks inherit it
 _MAX_SEED = 2**32 - 1
 
 
@@ -18,14 +20,15 @@ def seed_everything(seed: int | None = None, workers: bool = False) -> int:
     """Seed python, numpy (if installed) and torch (CPU and CUDA); return the seed used.
 
     With no seed, reuse TRAINER_GLOBAL_SEED from the environment (set for launched ranks) or pick 0.
-    `workers=True` also makes DataLoader workers derive distinct, reproducible seeds.
+    `workers=True` also seeds the DataLoader workers of the Trainer's loaders (see `seed_worker`): distinct per
+    worker and rank, reproducible from the seed.
     """
     if seed is None:
         seed = int(os.environ.get(SEED_ENV, 0))
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= _MAX_SEED:
         raise ValueError(f"seed must be an int in [0, {_MAX_SEED}], got {seed!r}")
     os.environ[SEED_ENV] = str(seed)
-    os.environ["TRAINER_SEED_WORKERS"] = str(int(workers))
+    os.environ[SEED_WORKERS_ENV] = str(int(workers))
     random.seed(seed)
     try:
         import numpy as np
@@ -39,16 +42,53 @@ def seed_everything(seed: int | None = None, workers: bool = False) -> int:
     return seed
 
 
-def seed_worker(worker_id: int) -> None:
-    """DataLoader `worker_init_fn`: seed python and numpy from torch's per-worker seed."""
-    worker_seed = torch.initial_seed() % 2**32
-    random.seed(worker_seed)
+def seed_workers_of(loader: Any, global_rank: int) -> None:
+    """After `seed_everything(workers=True)`, give `loader` the worker seeding unless it has its own `worker_init_fn`.
+
+    Set on the loader object as Lightning does (a `DataLoader` reads `worker_init_fn` when it starts its workers);
+    a loader without the attribute (any iterable) is left alone.
+    """
+    if os.environ.get(SEED_WORKERS_ENV) == "1" and getattr(loader, "worker_init_fn", False) is None:
+        loader.worker_init_fn = functools.partial(seed_worker, rank=global_rank)
+
+
+def seed_worker(worker_id: int, rank: int = 0) -> None:
+    """DataLoader `worker_init_fn`: seed torch, python and numpy from the base seed, the worker id and the rank.
+
+    The same rule as Lightning's `pl_worker_init_function`, so a ported script draws the same numbers in its
+    workers. torch gives worker `w` the seed `base + w`, where the loader draws `base` from the main process's
+    RNG (or its `generator`) for every epoch's iterator: reproducible under `seed_everything`, different per
+    epoch. Mixing in the rank keeps two ranks' worker `w` apart, which torch alone does not (same base seed).
+    """
+    base = torch.initial_seed() - worker_id
+    torch_seed, python_high, python_low = _worker_seeds(base, worker_id, rank)[:3]
+    torch.manual_seed(torch_seed)
+    random.seed((python_high << 32) | python_low)
     try:
         import numpy as np
 
-        np.random.seed(worker_seed)
+        np.random.seed(np.random.SeedSequence([base, worker_id, rank]).generate_state(4))
     except ImportError:
         pass
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _worker_seeds(base: int, worker_id: int, rank: int, count: int = 4) -> list[int]:
+    """`count` 64-bit seeds: base, worker and rank packed into one number, scrambled with MurmurHash3's 64-bit
+    finalizer (so small base seeds still set every bit), then successive states of Knuth's MMIX linear
+    congruential generator."""
+    state = (base << 32) | (worker_id << 16) | rank
+    for multiplier in (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53):
+        state ^= state >> 33
+        state = (state * multiplier) & _MASK64
+    state ^= state >> 33
+    seeds = []
+    for _ in range(count):
+        state = (state * 6364136223846793005 + 1) & _MASK64
+        seeds.append(state)
+    return seeds
 
 
 def enable_determinism(enabled: bool | str) -> None:
@@ -68,9 +108,12 @@ def capture_rng_state() -> dict[str, Any]:
     try:
         import numpy as np
 
-        kind, keys, pos, has_gauss, gauss = np.random.get_state()
-        state["numpy"] = {"kind": str(kind), "keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos),
-                          "has_gauss": int(has_gauss), "gauss": float(gauss)}
+        # The dict form: the legacy tuple is typed as "tuple or dict" (a dict for non-MT19937 generators).
+        np_state = np.random.get_state(legacy=False)
+        mt = np_state["state"]
+        state["numpy"] = {"kind": str(np_state["bit_generator"]), "keys": torch.from_numpy(mt["key"].astype("int64")),
+                          "pos": int(mt["pos"]), "has_gauss": int(np_state["has_gauss"]),
+                          "gauss": float(np_state["gauss"])}
     except ImportError:
         pass
     if torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -5,7 +5,6 @@ It never asks which strategy it has: everything that differs is behind `self.str
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +17,17 @@ from strategies.exceptions import ConfigError, MisconfigurationError
 from trainer import checkpoint as ckpt
 from trainer import failure, loops
 from trainer.control import ControlPlane
-from trainer.flags import parse_flags
+from trainer.fit_state import FitState
+from trainer.flags import FLAG_NAMES, parse_flags
 from trainer.hooks import HookDispatcher, _is_overridden, call_hook
 from trainer.metrics import MetricsRouter
-from trainer.optim import SchedulerConfig, SchedulerStepper, normalize_optimizers
+from trainer.optim import SchedulerStepper, normalize_optimizers
 from trainer.position import LoopPosition, Phase
 from trainer.preemption import StopSignals
 from trainer.properties import TrainerProperties
 from trainer.rank_result import pack_if_child
 from trainer.results import ResultCollection
-from trainer.run_setup import StageLoaders, build_callbacks, build_loggers, resolve_ckpt_path
+from trainer.run_setup import build_callbacks, build_loggers, resolve_ckpt_path
 from trainer.schedule import FitSchedule
 from trainer.seed import enable_determinism
 from trainer.state import Progress, RunningStage, TrainerFn, TrainerState, TrainerStatus
@@ -45,6 +45,9 @@ class Trainer(TrainerProperties):
         state: the TrainerState: which entry point runs (`fn`), its `status` and the current `stage`.
         loggers: the loggers in use (an empty list with `logger=False`).
         callbacks: the callbacks in use, the default ones (checkpoint, progress bar, summary) included.
+        datamodule: the DataModule of the current run, or None.
+        fit_state: the loops' own state (progress counters, results in use, loaders, optimizers, ...), for
+            advanced use; the Trainer's properties are the stable way to read it.
 
     Example:
         ```python
@@ -92,49 +95,26 @@ class Trainer(TrainerProperties):
         agree_every_n_steps: int = 1,
         checkpoint_on_interrupt: bool = False,
     ) -> None:
-        self._spec = spec = parse_flags(
-            accelerator=accelerator, devices=devices, gpus=gpus, num_nodes=num_nodes, strategy=strategy,
-            precision=precision, max_epochs=max_epochs, min_epochs=min_epochs, max_steps=max_steps,
-            max_time=max_time, limit_train_batches=limit_train_batches, limit_val_batches=limit_val_batches,
-            limit_test_batches=limit_test_batches, limit_predict_batches=limit_predict_batches,
-            val_check_interval=val_check_interval, check_val_every_n_epoch=check_val_every_n_epoch,
-            num_sanity_val_steps=num_sanity_val_steps, accumulate_grad_batches=accumulate_grad_batches,
-            gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm,
-            log_every_n_steps=log_every_n_steps, default_root_dir=default_root_dir, deterministic=deterministic,
-            fast_dev_run=fast_dev_run, enable_checkpointing=enable_checkpointing,
-            enable_progress_bar=enable_progress_bar, enable_model_summary=enable_model_summary,
-            use_distributed_sampler=use_distributed_sampler, detect_anomaly=detect_anomaly,
-            terminate_on_nan=terminate_on_nan, agree_every_n_steps=agree_every_n_steps,
-            checkpoint_on_interrupt=checkpoint_on_interrupt,
-        )
+        given = locals()
+        spec = parse_flags(**{name: given[name] for name in FLAG_NAMES})
         if profiler is not None:
             raise ConfigError("profiler is not supported yet; pass profiler=None (use torch.profiler directly).")
         self.strategy = spec.strategy
         self.state = TrainerState()
-        self._progress = Progress()
-        self._schedule = FitSchedule(spec, self._progress)
         self.loggers = build_loggers(logger, spec)
         self.callbacks = build_callbacks(callbacks, spec)
-        self._metrics = MetricsRouter(spec.log_every_n_steps)
-        self._metrics.loggers = self.loggers
-        self._hooks = HookDispatcher(self)
-        self._signals = StopSignals()
-        self._control = ControlPlane(spec.agree_every_n_steps, spec.terminate_on_nan or spec.detect_anomaly,
-                                     self._signals)
-        self._train_results = ResultCollection(self.strategy.all_reduce, self._control.check_sync_keys)
-        self._results = self._train_results
-        self._module: Any = None
         self.datamodule: Any = None
-        self.optimizers: list[Optimizer] = []
-        self.lr_scheduler_configs: list[SchedulerConfig] = []
-        self._scheduler_stepper = SchedulerStepper([])
-        self._loaders = StageLoaders()
-        self._window_has_loss = False
-        self._automatic = True
-        self._user_optimizers: list[_StrategyOptimizer] = []
-        self._launcher_pid = os.getpid()  # a run in another process (spawn) sends its outcome back
-        self._position = LoopPosition()  # what a checkpoint taken now records as the loop position
-        self._resume_point: Any = None  # set by a checkpoint restore, consumed by the next training epoch
+        self._signals = StopSignals()
+        progress = Progress()
+        metrics = MetricsRouter(spec.log_every_n_steps, progress)
+        metrics.loggers = self.loggers
+        control = ControlPlane(spec.agree_every_n_steps, spec.terminate_on_nan or spec.detect_anomaly, self._signals)
+        train_results = ResultCollection(self.strategy.all_reduce, control.check_sync_keys)
+        self.fit_state = FitState(
+            trainer=self, spec=spec, strategy=self.strategy, progress=progress, position=LoopPosition(),
+            schedule=FitSchedule(spec, progress), control=control, metrics=metrics, hooks=HookDispatcher(self),
+            train_results=train_results, results=train_results,
+        )
 
     # --- entry points -------------------------------------------------------------------------------
     def fit(self, model: Any, train_dataloaders: Any = None, val_dataloaders: Any = None,
@@ -182,10 +162,10 @@ class Trainer(TrainerProperties):
 
     def save_checkpoint(self, filepath: str | Path, weights_only: bool = False) -> None:
         """Save a checkpoint. Call it on every rank: the strategy decides who writes."""
-        if self._module is None:
+        if self.fit_state.module is None:
             raise MisconfigurationError("save_checkpoint() needs a model: call it during or after fit().")
-        with self._control.outside_steps():  # rank 0 may write for long while the others wait: no step bound
-            checkpoint = ckpt.dump_checkpoint(self)
+        with self.fit_state.control.outside_steps():  # rank 0 may write for long while the others wait: no bound
+            checkpoint = ckpt.dump_checkpoint(self.fit_state)
             if weights_only:
                 for key in ("optimizer_states", "lr_schedulers", "callbacks", "rng"):
                     checkpoint.pop(key, None)
@@ -196,32 +176,33 @@ class Trainer(TrainerProperties):
                 ckpt_path: str | Path | None) -> Any:
         """Run on every rank through the strategy's launcher; adopt rank 0's outcome if it ran elsewhere."""
         out = self.strategy.launch(self._run_rank, fn, model, datamodule, loaders, ckpt_path)
-        return out.adopt_into(self, model) if out is not None else None
+        return out.adopt_into(self.fit_state, model) if out is not None else None
 
     def _run_rank(self, *args: Any) -> Any:
-        return pack_if_child(self, self._run(*args))
+        return pack_if_child(self.fit_state, self._run(*args))
 
     def _run(self, fn: TrainerFn, model: Any, datamodule: Any, loaders: dict[str, Any],
              ckpt_path: str | Path | None) -> Any:
         model = self._attach(fn, model, datamodule)
         self.state.fn, self.state.status = fn, TrainerStatus.RUNNING
-        stage = fn.value
+        stage, loop = fn.value, self.fit_state
         try:
             self.strategy.setup_environment()
-            self._control.start(self)
-            self._train_results.defer_sync = self.world_size > 1
+            loop.control.start(self.strategy)
+            loop.train_results.defer_sync = self.world_size > 1
             self._agree_logger_versions()
-            enable_determinism(self._spec.deterministic)
+            enable_determinism(loop.spec.deterministic)
             if self.datamodule is not None:
                 self.datamodule.prepare_data()
                 self.datamodule.setup(stage)
-            call_hook(self, "setup", stage)
-            self._loaders.resolve(self, fn, loaders)
+            call_hook(loop, "setup", stage)
+            loop.loaders.resolve(loop.spec, self.strategy, model, self.datamodule, fn, loaders)
             self.strategy.setup_module(model)
             path = resolve_ckpt_path(self, ckpt_path)
-            checkpoint = ckpt.load_checkpoint_file(self, path) if path else None
-            if checkpoint is not None:
-                ckpt.restore_module(self, checkpoint, path)
+            checkpoint = None
+            if path:
+                checkpoint = ckpt.load_checkpoint_file(self.strategy, path)
+                ckpt.restore_module(self.strategy, checkpoint, path)
                 model.on_load_checkpoint(checkpoint)
             if fn == TrainerFn.FITTING:
                 return self._fit(model, checkpoint, path)
@@ -229,7 +210,7 @@ class Trainer(TrainerProperties):
         except BaseException as exc:
             self.state.status = TrainerStatus.INTERRUPTED
             clearer = self._report_failure(exc)
-            call_hook(self, "on_exception", exc)
+            call_hook(loop, "on_exception", exc)
             if isinstance(exc, KeyboardInterrupt):  # Ctrl-C: teardown runs, and code after fit() does not
                 raise SystemExit(failure.INTERRUPTED_EXIT_CODE) from None
             if clearer is not None:
@@ -263,8 +244,9 @@ class Trainer(TrainerProperties):
     def _attach(self, fn: TrainerFn, model: Any, datamodule: Any) -> Any:
         from trainer.module import TrainModule
 
+        loop = self.fit_state
         if model is None:
-            model = self._module
+            model = loop.module
         if not isinstance(model, TrainModule):
             raise MisconfigurationError(
                 f"{fn.value}() needs a TrainModule, got {type(model).__name__}. Subclass trainer.TrainModule."
@@ -281,67 +263,68 @@ class Trainer(TrainerProperties):
             raise MisconfigurationError(
                 f"{type(model).__name__} must define {required}(batch, batch_idx) for {fn.value}()."
             )
-        self._module, model.trainer = model, self
+        loop.module, model.trainer = model, self
         if datamodule is not None:
             self.datamodule, datamodule.trainer = datamodule, self
-        self._automatic = bool(getattr(model, "automatic_optimization", True))
-        self._hooks.reset()
-        self._metrics.reset()
-        self._train_results.reset()
-        self._results = self._train_results
+        loop.automatic = bool(getattr(model, "automatic_optimization", True))
+        loop.hooks.reset()
+        loop.metrics.reset()
+        loop.train_results.reset()
+        loop.results = loop.train_results
         return model
 
     def _fit(self, model: Any, checkpoint: dict[str, Any] | None, path: Any) -> None:
-        setup = normalize_optimizers(model.configure_optimizers(), allow_none=not self._automatic)
-        if self._automatic and len(setup.optimizers) > 1:
+        loop = self.fit_state
+        setup = normalize_optimizers(model.configure_optimizers(), allow_none=not loop.automatic)
+        if loop.automatic and len(setup.optimizers) > 1:
             raise MisconfigurationError(
                 f"configure_optimizers() returned {len(setup.optimizers)} optimizers; automatic optimization "
                 "supports one. Set self.automatic_optimization = False and step them in training_step."
             )
-        if not self._automatic and self.accumulate_grad_batches > 1:
+        if not loop.automatic and self.accumulate_grad_batches > 1:
             raise ConfigError("accumulate_grad_batches > 1 is not supported with manual optimization; "
                               "accumulate in training_step instead.")
-        self.optimizers = self.strategy.setup_optimizers(setup.optimizers)
-        for old, new in zip(setup.optimizers, self.optimizers, strict=True):
+        loop.optimizers = self.strategy.setup_optimizers(setup.optimizers)
+        for old, new in zip(setup.optimizers, loop.optimizers, strict=True):
             for config in setup.schedulers:  # a strategy may swap in its own optimizer (ZeRO-1)
                 if getattr(config.scheduler, "optimizer", None) is old and new is not old:
                     config.scheduler.optimizer = new
-        self.lr_scheduler_configs = setup.schedulers
-        self._scheduler_stepper = SchedulerStepper(setup.schedulers)
-        self._user_optimizers = [
+        loop.lr_scheduler_configs = setup.schedulers
+        loop.scheduler_stepper = SchedulerStepper(setup.schedulers)
+        loop.user_optimizers = [
             _StrategyOptimizer(opt, self.strategy, self._before_manual_step, self._after_manual_step)
-            for opt in self.optimizers
+            for opt in loop.optimizers
         ]
-        self._progress.settle()  # a second fit() keeps the counters, as in Lightning
-        self._position.set(Phase.BETWEEN_BATCHES)
-        self._resume_point = None
+        loop.progress.settle()  # a second fit() keeps the counters, as in Lightning
+        loop.position.set(Phase.BETWEEN_BATCHES)
+        loop.resume_point = None
         if checkpoint is not None:
-            ckpt.restore_training_state(self, checkpoint, path)
+            ckpt.restore_training_state(loop, checkpoint, path)
         for cb in self.checkpoint_callbacks:
             if cb.dirpath is not None:
                 remove_stale_temp_files(cb.dirpath)
-        self._metrics.log_hyperparams(model, self.datamodule)
-        self._schedule.start(self._loaders.num_train, bool(self._loaders.val), self.world_size)
-        self._metrics.watch(self._train_results)
-        call_hook(self, "on_fit_start")
+        loop.metrics.log_hyperparams(model, self.datamodule)
+        loop.schedule.start(loop.loaders.num_train, bool(loop.loaders.val), self.world_size)
+        loop.metrics.watch(loop.train_results)
+        call_hook(loop, "on_fit_start")
         self._signals.install()  # restored in _teardown
-        with torch.autograd.set_detect_anomaly(self._spec.detect_anomaly):
-            loops.run_fit(self)
+        with torch.autograd.set_detect_anomaly(loop.spec.detect_anomaly):
+            loops.run_fit(loop)
         self.state.status = TrainerStatus.FINISHED
-        call_hook(self, "on_fit_end")
+        call_hook(loop, "on_fit_end")
 
     def _evaluate_or_predict(self, fn: TrainerFn, loaders: dict[str, Any]) -> Any:
         if fn == TrainerFn.PREDICTING:
-            out = loops.run_predict(self, loaders.get("return_predictions", True))
+            out = loops.run_predict(self.fit_state, loaders.get("return_predictions", True))
         else:
             stage = RunningStage.VALIDATING if fn == TrainerFn.VALIDATING else RunningStage.TESTING
-            out = loops.run_evaluation(self, stage)
+            out = loops.run_evaluation(self.fit_state, stage)
         self.state.status = TrainerStatus.FINISHED
         return out
 
     def _teardown(self, stage: str) -> None:
         try:
-            call_hook(self, "teardown", stage)
+            call_hook(self.fit_state, "teardown", stage)
             if self.datamodule is not None:
                 self.datamodule.teardown(stage)
             for logger in self.loggers:
@@ -353,43 +336,13 @@ class Trainer(TrainerProperties):
             self.strategy.teardown()
             self.state.stage = None
 
-    # --- used by the loops --------------------------------------------------------------------------
-    def _run_step(self, name: str, *args: Any) -> Any:
-        results = self._results
-        results.current_fx = name
-        try:
-            return self.strategy.step(name, *args)
-        finally:
-            results.current_fx = None
-
-    def _clip_gradients(self, optimizer: Optimizer) -> None:
-        value = self._spec.gradient_clip_val
-        if value is None or value == 0:
-            return
-        if self._spec.gradient_clip_algorithm == "norm":
-            self.strategy.clip_gradients(optimizer, max_norm=value)
-        else:
-            self.strategy.clip_gradients(optimizer, max_value=value)
-
+    # --- manual optimization: what `optimizer.step()` does around the strategy's step ------------------
     def _before_manual_step(self, optimizer: Optimizer) -> None:
-        call_hook(self, "on_before_optimizer_step", optimizer)
+        call_hook(self.fit_state, "on_before_optimizer_step", optimizer)
 
     def _after_manual_step(self, optimizer: Optimizer, stepped: bool) -> None:
-        self._progress.global_step += 1
-        self._position.set(Phase.MANUAL_STEPPED)
-
-    def _optimizers_for_user(self) -> list[Any]:
-        return self._user_optimizers if not self._automatic else self.optimizers
-
-    def _eval_loaders(self, stage: RunningStage) -> tuple[list[Any], list[int | float]]:
-        if stage == RunningStage.TESTING:
-            return self._loaders.test, self._loaders.test_limits
-        if stage == RunningStage.SANITY_CHECKING:
-            return self._loaders.val, [self._schedule.sanity_steps(n) for n in self._loaders.val_limits]
-        return self._loaders.val, self._loaders.val_limits
-
-    def _new_eval_results(self) -> ResultCollection:
-        return ResultCollection(self.strategy.all_reduce, self._control.check_sync_keys)
+        self.fit_state.progress.global_step += 1
+        self.fit_state.position.set(Phase.MANUAL_STEPPED)
 
 
 def _looks_like_datamodule(obj: Any) -> bool:

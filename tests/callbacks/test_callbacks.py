@@ -76,6 +76,26 @@ def test_lr_monitor_logs_learning_rates():
     assert logger.rows[0] == (0, {"lr-SGD": 1.0, "lr-momentum-SGD": 0.9})
 
 
+def test_lr_monitor_logs_step_rates_at_the_trainers_logging_cadence():
+    """Every `log_every_n_steps`-th training batch, before its optimizer step, at the step it starts from."""
+
+    class M(BoringModel):
+        def configure_optimizers(self) -> Any:
+            opt = torch.optim.SGD(self.parameters(), lr=1.0)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5),
+                                                       "interval": "step"}}
+
+    logger = MemoryLogger()
+    cb = LearningRateMonitor()
+    trainer = Trainer(max_epochs=2, limit_train_batches=4, limit_val_batches=0, log_every_n_steps=3,
+                      accumulate_grad_batches=2, callbacks=[cb], **{**QUIET, "logger": logger})
+    trainer.fit(M())
+    # batches 3 and 6 of 8; with 2 batches per optimizer step they start from steps 1 and 2
+    assert logger.rows == [(1, {"lr-SGD": 0.5}), (2, {"lr-SGD": 0.25})]
+    assert cb.lrs == {"lr-SGD": [0.5, 0.25]}
+    assert "lr-SGD" not in trainer.logged_metrics  # as in Lightning: the callback's values are not self.log values
+
+
 def test_lr_monitor_needs_a_logger():
     with pytest.raises(MisconfigurationError, match="LearningRateMonitor needs a logger"):
         Trainer(max_epochs=1, callbacks=[LearningRateMonitor()], **QUIET).fit(BoringModel())

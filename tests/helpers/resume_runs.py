@@ -52,7 +52,7 @@ class Net(TrainModule):
         loss = nn.functional.mse_loss(self.net(x), y)
         self.log("train_loss", loss, on_step=True, on_epoch=True)
         self.losses.append(loss.detach().clone())
-        path = self.save_in_step.get(self.trainer._progress.total_batches + 1)
+        path = self.save_in_step.get(self.trainer.total_batches + 1)
         if path is not None:
             self.trainer.save_checkpoint(path)
         return loss
@@ -63,7 +63,7 @@ class Net(TrainModule):
 
     def on_validation_epoch_end(self) -> None:
         if not self.trainer.sanity_checking:
-            self.val_losses.append((self.trainer._progress.total_batches, self.trainer.callback_metrics["val_loss"]))
+            self.val_losses.append((self.trainer.total_batches, self.trainer.callback_metrics["val_loss"]))
 
     def on_train_epoch_end(self) -> None:
         self.epoch_losses.append((self.current_epoch, self.trainer.callback_metrics["train_loss_epoch"]))
@@ -81,7 +81,7 @@ class AtBatch(Callback):
         self.action, self.batch = action, 0
 
     def on_train_batch_start(self, trainer: Trainer, *args: Any) -> None:
-        self.batch = trainer._progress.total_batches + 1
+        self.batch = trainer.total_batches + 1
         self.action(trainer, "on_train_batch_start", self.batch)
 
 
@@ -183,7 +183,7 @@ class _Stopper(Callback):
         self.how = how
 
     def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
-        if trainer._progress.total_batches != WINDOW:
+        if trainer.total_batches != WINDOW:
             return
         if self.how == "should_stop":
             trainer.should_stop = True
@@ -193,7 +193,7 @@ class _Stopper(Callback):
             os.kill(os.getpid(), signal.SIGTERM)  # recorded; every rank stops after the next batch
 
     def on_before_backward(self, trainer: Trainer, *args: Any) -> None:
-        if self.how == "exception" and trainer._progress.total_batches + 1 == WINDOW + 1:
+        if self.how == "exception" and trainer.total_batches + 1 == WINDOW + 1:
             raise RuntimeError("injected failure")
 
 

@@ -141,7 +141,7 @@ class StepSyncedValidation(BoringModel):
         self.log("val_step_loss", self(batch).sum(), on_step=True, on_epoch=False, sync_dist=True)
 
     def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.seen.append(float(self.trainer._results.step_metrics("callback")["val_step_loss"]))
+        self.seen.append(float(self.trainer.fit_state.results.step_metrics("callback")["val_step_loss"]))
 
 
 def _validate_uneven(rank: int, kind: str) -> Any:

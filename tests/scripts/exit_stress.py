@@ -11,7 +11,7 @@ torchrun agents on localhost), manual_2node (MASTER_ADDR/MASTER_PORT/NODE_RANK, 
 raw_spawn / raw_torchrun: a hand-written DDP script that leaves its process group to interpreter shutdown.
 `--parallel` runs that many launches at once (load, as on a busy CI machine). `--amplify` compiles
 tests/scripts/slow_gloo_worker.c (needs a C compiler) and preloads it into every rank: gloo worker threads then
-release finished work 50 ms late, which makes the exit race that a finished run must survive happen every time
+release finished work 200 ms late, which makes the exit race that a finished run must survive happen every time
 (the raw modes then abort in every run). Exit code 1 when a product mode (not a raw one) had an abnormal run;
 every abnormal run's exit codes and last output lines are printed.
 """

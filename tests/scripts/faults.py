@@ -85,6 +85,16 @@ class FaultyModel(BoringModel):
         self.losses: list[float] = []
 
     def training_step(self, batch: Any, batch_idx: int) -> Any:
+        self._process_fault()
+        if self.step_sleep:
+            time.sleep(self.step_sleep)  # a slower step, for the hang bound that follows the step time
+        loss = self._step_fault(self.layer(batch).sum())
+        if loss is not None:
+            self.losses.append(float(loss.detach()))
+        return loss
+
+    def _process_fault(self) -> None:
+        """Faults that end, stop or signal a process before the step: raise, signals, exits, Ctrl-C, parent kill."""
         f, t = self.fault, self.trainer
         if f.here(t, "raise") or (f.here(t, "raise_once") and not (f.out / "fired").exists()):
             (f.out / "fired").touch()
@@ -110,9 +120,10 @@ class FaultyModel(BoringModel):
         if f.here(t, "sigkill_parent"):
             f.fired()
             os.kill(os.getppid(), signal.SIGKILL)
-        if self.step_sleep:
-            time.sleep(self.step_sleep)  # a slower step, for the hang bound that follows the step time
-        loss = self.layer(batch).sum()
+
+    def _step_fault(self, loss: torch.Tensor) -> torch.Tensor | None:
+        """Faults in what the step gives back or does collectively: NaN, None, logging or a collective on one rank."""
+        f, t = self.fault, self.trainer
         if f.here(t, "nan_loss"):
             f.fired()
             loss = loss * float("nan")
@@ -128,7 +139,6 @@ class FaultyModel(BoringModel):
         if f.here(t, "extra_collective"):
             f.fired()
             torch.distributed.all_reduce(torch.ones(3))
-        self.losses.append(float(loss.detach()))
         return loss
 
 

@@ -18,13 +18,15 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
 from callbacks import Callback
-from strategies import SingleDeviceStrategy
+from strategies import SingleDeviceStrategy, Strategy
 from strategies.exceptions import ConfigError
 from strategies.precision import (
+    PRECISIONS,
     DoublePrecision,
     HalfPrecision,
     MixedPrecision,
     Precision,
+    canonical_precision,
     precision_from_flag,
 )
 from tests.helpers.boring import QUIET, regression_data
@@ -132,6 +134,14 @@ def test_every_alias_builds_the_right_precision(flag: Any, cls: type, name: str,
 def test_unknown_precision_lists_the_valid_ones(flag: Any):
     with pytest.raises(ConfigError, match=r"is not a known precision. Accepted values: .*'16-mixed'.*'bf16-true'"):
         precision_from_flag(flag)
+
+
+@pytest.mark.parametrize(("flag", "param_dtype", "reduce_dtype"), [
+    ("32-true", None, None), ("bf16-mixed", torch.bfloat16, torch.float32), ("bf16-true", None, None),
+])
+def test_precision_gives_fsdp_its_mixed_precision_policy(flag: str, param_dtype: Any, reduce_dtype: Any):
+    policy = precision_from_flag(flag).fsdp_policy()
+    assert (policy.param_dtype, policy.reduce_dtype) == (param_dtype, reduce_dtype)
 
 
 def test_only_16_mixed_gets_a_scaler():
@@ -419,3 +429,11 @@ def test_on_before_optimizer_step_sees_unscaled_gradients_under_16_mixed():
     for precision, spy in spies.items():
         _fit(precision, callbacks=[spy], limit_train_batches=1)
     assert math.isclose(spies["16-mixed"].norms[0], spies["32-true"].norms[0], rel_tol=1e-2)
+
+
+def test_one_table_holds_every_precision_and_its_spellings():
+    """A precision is one entry of PRECISIONS: its spellings resolve to it, it builds, and strategies accept it."""
+    for name, entry in PRECISIONS.items():
+        assert {canonical_precision(spelling) for spelling in (name, *entry.spellings)} == {name}
+        assert precision_from_flag(name).name == name
+    assert Strategy.supported_precisions(SingleDeviceStrategy()) == tuple(PRECISIONS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import shutil
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from strategies import ZeroStrategy
+from strategies import DDPStrategy, ZeroStrategy
+from strategies.fsdp import FSDPStrategy
 from strategies.zero import zero_optimizer_kwargs
 from tests.helpers.boring import QUIET, regression_data
 from tests.helpers.dist import run_distributed
@@ -122,6 +124,22 @@ def test_zero_flags_and_errors():
         ZeroStrategy(stage=3, find_unused_parameters=True)
     opt = torch.optim.AdamW([nn.Parameter(torch.zeros(1))], lr=0.1)
     assert "lr" in zero_optimizer_kwargs(opt) and "differentiable" in zero_optimizer_kwargs(opt)
+
+
+@pytest.mark.parametrize(("stage", "mechanism"), [(1, DDPStrategy), (2, FSDPStrategy), (3, FSDPStrategy)])
+def test_each_stage_is_an_instance_of_its_mechanism_and_survives_pickling(stage: int, mechanism: type):
+    """The stage is settled at construction; ddp_spawn sends the strategy to the ranks as pickle bytes."""
+    strategy = pickle.loads(pickle.dumps(ZeroStrategy(stage=stage)))
+    assert isinstance(strategy, ZeroStrategy) and isinstance(strategy, mechanism) and strategy.stage == stage
+    if stage > 1:
+        assert strategy.reshard_after_forward == (stage == 3)
+
+
+def test_zero1_refuses_fsdp_options_instead_of_ignoring_them():
+    with pytest.raises(ConfigError, match=r"shard_modules=...\) chooses FSDP2 units: it needs stage 2 or 3"):
+        ZeroStrategy(stage=1, shard_modules=(nn.Linear,))
+    with pytest.raises(ConfigError, match=r"sharded_checkpoint=True\) needs stage 2 or 3"):
+        ZeroStrategy(stage=1, sharded_checkpoint=True)
 
 
 def _save_zero3_rank(rank: int, folder: str) -> None:

@@ -151,7 +151,7 @@ def test_max_time_stops_training():
 
 
 def test_max_time_string_form_parses():
-    assert Trainer(max_time="00:01:30:00", **QUIET)._spec.max_time.total_seconds() == 5400
+    assert Trainer(max_time="00:01:30:00", **QUIET).fit_state.spec.max_time.total_seconds() == 5400
 
 
 def test_training_step_returning_none_skips_the_optimizer_step():

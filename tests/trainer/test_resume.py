@@ -54,7 +54,7 @@ class SaveAndStop(Callback):
         self.batches, self.path, self.hook = batches, path, hook
 
     def _maybe(self, trainer: Trainer, hook: str) -> None:
-        if hook == self.hook and trainer._progress.total_batches == self.batches and not trainer.sanity_checking:
+        if hook == self.hook and trainer.total_batches == self.batches and not trainer.sanity_checking:
             trainer.save_checkpoint(self.path)
             raise Interrupted
 

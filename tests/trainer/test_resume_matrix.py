@@ -165,7 +165,7 @@ class ManualNet(Net):
         self.saves = save_in_step or {}
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
-        opt, k = self.optimizers(), self.trainer._progress.total_batches + 1
+        opt, k = self.optimizers(), self.trainer.total_batches + 1
         x, y = batch
         loss = nn.functional.mse_loss(self.net(x), y)
         self.log("train_loss", loss, on_step=True, on_epoch=True)

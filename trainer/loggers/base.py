@@ -104,13 +104,15 @@ class Logger(ABC):
 
     @property
     @abstractmethod
-    def name(self) -> str:
-        """The experiment name (a folder name for file-based loggers)."""
+    def name(self) -> str | None:
+        """The experiment name (a folder name for file-based loggers); None while not known yet (a tracking logger
+        on a rank other than 0, before rank 0 created the run), as Lightning's `Logger.name` allows."""
 
     @property
     @abstractmethod
-    def version(self) -> int | str:
-        """The run's version: an int N for `version_N` folders, or a string used as the folder name."""
+    def version(self) -> int | str | None:
+        """The run's version: an int N for `version_N` folders, or a string used as the folder name; None while
+        not known yet, as for `name`."""
 
     @property
     def save_dir(self) -> str | None:

@@ -147,12 +147,12 @@ class MLFlowLogger(Logger):
         return self._experiment_id
 
     @property
-    def name(self) -> str | None:  # type: ignore[override]  # None on other ranks until rank 0 made the run
+    def name(self) -> str | None:  # None on other ranks until rank 0 made the run
         """The experiment id (as Lightning's MLFlowLogger): the default checkpoint folder is named by it."""
         return self.experiment_id
 
     @property
-    def version(self) -> str | None:  # type: ignore[override]  # None on other ranks until rank 0 made the run
+    def version(self) -> str | None:  # None on other ranks until rank 0 made the run
         """The run id."""
         return self.run_id
 

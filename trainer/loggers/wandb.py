@@ -125,7 +125,7 @@ class WandbLogger(Logger):
         return self._project
 
     @property
-    def version(self) -> str | None:  # type: ignore[override]  # None until rank 0 started the run
+    def version(self) -> str | None:  # None until rank 0 started the run
         """The run id (None before rank 0 started the run, if no id was given)."""
         return self._id
 

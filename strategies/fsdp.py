@@ -1,0 +1,160 @@
+"""FSDP2: parameters, gradients and optimizer state sharded across the ranks with torch's `fully_shard`.
+
+The ranks and process group come from `ParallelStrategy`; this file owns the sharding units, FSDP2's gradient-sync
+switch, DTensor-aware clipping and the checkpoint layout (full states in the standard layout by default, or every
+rank's shards in a DCP folder with `sharded_checkpoint=True`, strategies/sharded_checkpoint.py).
+`strategy="zero2"` / `"zero3"` build it through `ZeroStrategy` (strategies/zero.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from strategies import dtensor
+from strategies.base import NULL_CONTEXT, _StepRouter
+from strategies.exceptions import ConfigError
+from strategies.parallel import ParallelStrategy
+from strategies.precision import Precision
+from strategies.sharded_checkpoint import ShardedRef, is_folder_checkpoint, load_into, load_sharded, save_sharded
+
+FSDP_PRECISIONS = ("32-true", "bf16-mixed", "bf16-true")  # 16-mixed's GradScaler is untested with FSDP2: refused
+
+
+class FSDPStrategy(ParallelStrategy):
+    """Fully sharded data parallel (FSDP2) over `len(devices) x num_nodes` processes.
+
+    Each submodule that owns parameters becomes an FSDP2 unit, then the whole model; with `shard_modules` the
+    units are the instances of those classes instead. The precision object supplies FSDP2's mixed-precision policy.
+
+    Args:
+        devices: this machine's devices, one process each; None takes the Trainer's.
+        num_nodes: the number of machines.
+        precision: the Precision object; 32-true, bf16-mixed and bf16-true are supported.
+        reshard_after_forward: free each unit's gathered parameters after its forward (ZeRO-3) or keep them
+            until backward (ZeRO-2).
+        shard_modules: the module classes that become FSDP2 units.
+        sharded_checkpoint: every rank writes its own shards into a checkpoint folder instead of rank 0 writing
+            one full file.
+        **parallel_kwargs: `process_group_backend`, `timeout`, `min_timeout`, `timeout_steps`, `start_method`
+            as for DDPStrategy.
+
+    Raises:
+        ConfigError: an unsupported precision, or the errors of DDPStrategy's process options.
+    """
+
+    def __init__(self, devices: list[torch.device] | None = None, num_nodes: int = 1,
+                 precision: Precision | None = None, *, reshard_after_forward: bool = True,
+                 shard_modules: tuple[type[nn.Module], ...] = (), sharded_checkpoint: bool = False,
+                 process_group_backend: str | None = None, timeout: timedelta | float | None = None,
+                 start_method: str = "subprocess", min_timeout: timedelta | float | None = None,
+                 timeout_steps: int | None = None) -> None:
+        super().__init__(devices, num_nodes, precision, process_group_backend=process_group_backend,
+                         timeout=timeout, start_method=start_method, min_timeout=min_timeout,
+                         timeout_steps=timeout_steps)
+        self.reshard_after_forward = reshard_after_forward
+        self.shard_modules = tuple(shard_modules)
+        self.sharded_checkpoint = sharded_checkpoint
+        name = self.precision.name
+        if name not in self.supported_precisions():
+            raise ConfigError(f"precision={name!r} is not supported by {self._label()}; it supports: "
+                              f"{', '.join(self.supported_precisions())}.")
+
+    def _label(self) -> str:
+        """How errors name this strategy."""
+        return type(self).__name__
+
+    def supported_precisions(self) -> tuple[str, ...]:
+        return FSDP_PRECISIONS
+
+    # --- wrapping -----------------------------------------------------------------------------
+    def _wrap(self, router: _StepRouter) -> nn.Module:
+        t = dtensor.torch_sharding()
+        policy = self.precision.fsdp_policy()
+        # An explicit mesh on this rank's device type: FSDP2's default mesh follows the default accelerator, so
+        # CPU ranks on a machine that has CUDA would try cuda:<local_rank> (seen on an H100 host).
+        mesh = t.init_device_mesh(self.root_device.type, (self.world_size,))
+        shard = {"mesh": mesh, "reshard_after_forward": self.reshard_after_forward, "mp_policy": policy}
+        for module in self._units(router.module):
+            t.fully_shard(module, **shard)
+        t.fully_shard(router, **shard)
+        return router
+
+    def _units(self, root: nn.Module) -> Iterator[nn.Module]:
+        """The submodules sharded as units before the root: instances of `shard_modules`, or else every
+        submodule that owns parameters itself."""
+        for module in root.modules():
+            if module is root:
+                continue
+            if self.shard_modules:
+                if isinstance(module, self.shard_modules):
+                    yield module
+            elif any(True for _ in module.parameters(recurse=False)):
+                yield module
+
+    def no_backward_sync(self, enabled: bool) -> AbstractContextManager:
+        return self._no_gradient_sync() if enabled else NULL_CONTEXT
+
+    @contextmanager
+    def _no_gradient_sync(self) -> Iterator[None]:
+        model = self.model
+        assert isinstance(model, dtensor.torch_sharding().FSDPModule)  # fully_shard made the router one
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+
+    def clip_gradients(self, optimizer: Optimizer, *, max_norm: float | None = None,
+                       max_value: float | None = None, norm_type: float = 2.0) -> torch.Tensor | None:
+        norm = super().clip_gradients(optimizer, max_norm=max_norm, max_value=max_value, norm_type=norm_type)
+        return dtensor.full_tensor(norm) if norm is not None else None
+
+    def accumulated_gradients(self) -> dict[str, torch.Tensor] | None:
+        return None  # FSDP2 keeps an unsynced window's gradients in its own unsharded buffers
+
+    # --- checkpoints --------------------------------------------------------------------------
+    def module_state_dict(self) -> dict[str, Any]:
+        # full: collective, and with cpu_offload only rank 0 gets the tensors; sharded: each rank's own DTensors
+        return dtensor.model_state(self.model, full=not self.sharded_checkpoint)
+
+    def load_module_state_dict(self, state_dict: Any, strict: bool = True) -> None:
+        if isinstance(state_dict, ShardedRef):
+            target = dtensor.model_state(self.model, full=False)
+            load_into(state_dict.folder, "model", target)
+            dtensor.load_model_state(self.model, target, full=False, strict=strict)
+            return
+        dtensor.load_model_state(self.model, state_dict, full=True, strict=strict)
+
+    def optimizer_state_dict(self, optimizer: Optimizer) -> dict[str, Any]:
+        return dtensor.optimizer_state(self.model, optimizer, full=not self.sharded_checkpoint)
+
+    def load_optimizer_state_dict(self, optimizer: Optimizer, state_dict: Any) -> None:
+        if isinstance(state_dict, ShardedRef):
+            target = dtensor.optimizer_state(self.model, optimizer, full=False)
+            load_into(state_dict.folder, state_dict.key, target)
+            dtensor.load_optimizer_state(self.model, optimizer, target, full=False)
+            return
+        dtensor.load_optimizer_state(self.model, optimizer, state_dict, full=True)
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path) -> None:
+        if self.sharded_checkpoint:
+            save_sharded(self, checkpoint, path)
+        else:
+            super().save_checkpoint(checkpoint, path)
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        if is_folder_checkpoint(path):
+            return load_sharded(self, path)
+        return super().load_checkpoint(path)
+
+    def __repr__(self) -> str:
+        return (f"FSDPStrategy(devices={len(self.parallel_devices)}, num_nodes={self.num_nodes}, "
+                f"reshard_after_forward={self.reshard_after_forward})")

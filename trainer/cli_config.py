@@ -1,0 +1,121 @@
+"""Reading a run's config: YAML files merged in order, then dotted command-line overrides (omegaconf), with
+every mistake reported as `CLIError` naming the file (or the command line) and the key path."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+from typing import Any, cast
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
+
+from strategies.exceptions import ConfigError
+
+SECTIONS = ("model", "data", "trainer", "callbacks", "logger", "seed_everything", "ckpt_path")
+COMMAND_LINE = "command line"
+
+
+class CLIError(ConfigError):
+    """A mistake in the config or command line; `trainer.cli.main` prints it and exits with code 2."""
+
+
+class ConfigSources:
+    """The config files and the command line, in merge order, to tell which one set a key."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, Any]] = []  # (source, its plain container), walked by `origin`
+
+    def origin(self, key: str) -> str:
+        """The last source that defines `key` (it wins the merge), else every source."""
+        parts = re.findall(r"[^.\[\]]+", key)
+        for name, raw in reversed(self.items):
+            node: Any = raw
+            for part in parts:
+                if isinstance(node, dict) and part in node:
+                    node = node[part]
+                elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                    node = node[int(part)]
+                else:
+                    break
+            else:
+                return name
+        return ", ".join(name for name, _ in self.items) or COMMAND_LINE
+
+    def error(self, key: str, message: str) -> CLIError:
+        return CLIError(f"{self.origin(key)}: {key}: {message}")
+
+
+def read_text(path: str) -> str:
+    """The file's text; a file that is not UTF-8 (YAML's encoding here) is named with the first bad byte's place."""
+    if not Path(path).is_file():
+        raise CLIError(f"{path}: config file not found")
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise CLIError(f"{path}: cannot read the config file: {exc.strerror or exc}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise CLIError(
+            f"{path}: not UTF-8 text: byte 0x{raw[exc.start]:02x} at line {line}, column {column}; save the config "
+            "as UTF-8 (e.g. with iconv -f latin1 -t utf-8)"
+        ) from None
+
+
+def load_file(path: str) -> Any:
+    """One config file as an OmegaConf mapping; malformed YAML and a top level that is not a mapping are named."""
+    text = read_text(path)
+    try:
+        top = yaml.safe_load(text)  # only to name what the top level is, before omegaconf reads it
+        cfg = OmegaConf.load(io.StringIO(text)) if isinstance(top, dict) else None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise CLIError(f"{path}: malformed YAML{where}: {problem}") from None
+    if top is None:
+        return OmegaConf.create({})  # an empty file: the sections' checks below say what is missing
+    if cfg is None or not OmegaConf.is_dict(cfg):
+        raise CLIError(
+            f"{path}: the top level is {type(top).__name__} {top!r}, but a config must be a mapping of sections "
+            f"({', '.join(SECTIONS)}), e.g. model: {{class_path: package.module.Class}}"
+        )
+    return cfg
+
+
+def load_config(paths: list[str], overrides: list[str], sources: ConfigSources) -> Any:
+    """Read and merge the config files in order, then apply the dotted overrides."""
+    configs = []
+    for path in paths:
+        cfg = load_file(path)
+        configs.append(cfg)
+        sources.items.append((path, OmegaConf.to_container(cfg, resolve=False)))
+    for item in overrides:
+        if "=" not in item or item.startswith("-"):
+            raise CLIError(f"{COMMAND_LINE}: {item!r}: expected an override key.sub=value (or an option)")
+        try:
+            cfg = OmegaConf.from_dotlist([item])
+        except (yaml.YAMLError, OmegaConfBaseException) as exc:
+            raise CLIError(f"{COMMAND_LINE}: {item!r}: cannot parse: {str(exc).splitlines()[0]}") from None
+        configs.append(cfg)
+        sources.items.append((COMMAND_LINE, OmegaConf.to_container(cfg, resolve=False)))
+    try:
+        return OmegaConf.merge(*configs) if configs else OmegaConf.create({})
+    except OmegaConfBaseException as exc:
+        key = str(getattr(exc, "full_key", "") or "")
+        raise sources.error(key, f"cannot merge: {str(exc).splitlines()[0]}") from None
+
+
+def resolve_config(cfg: Any, sources: ConfigSources) -> dict[str, Any]:
+    """Interpolations (`${trainer.max_epochs}`, `${oc.env:VAR,default}`) become plain values."""
+    try:
+        # A mapping: every file's top level was checked to be one (OmegaConf types the result as any container).
+        return cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
+    except InterpolationResolutionError as exc:
+        key = str(exc.full_key or "")
+        raise sources.error(key, f"cannot resolve interpolation: {str(exc).splitlines()[0]}") from None

@@ -1,0 +1,130 @@
+"""The loop's own state, in one typed object: what the loops, resume, control, checkpoint and rank-result code
+read and change while a run goes on.
+
+Why one object: the loops used to share the Trainer through dozens of reads of its private attributes, and the
+results in use were switched by pointer swaps in five places. Here each piece has one owner and a type; the
+Trainer builds one `FitState` and is a facade over it (its public properties read from here), and the modules
+that run the loop take the `FitState` instead of the Trainer. The results in use change only through
+`using_results`, which puts the previous ones back however the block ends.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from torch.optim import Optimizer
+
+from strategies.base import Strategy, _StrategyOptimizer
+from trainer.control import ControlPlane
+from trainer.flags import RunSpec
+from trainer.hooks import HookDispatcher
+from trainer.metrics import MetricsRouter
+from trainer.optim import SchedulerConfig, SchedulerStepper
+from trainer.position import LoopPosition
+from trainer.results import ResultCollection
+from trainer.run_setup import StageLoaders
+from trainer.schedule import FitSchedule
+from trainer.state import Progress, RunningStage
+
+if TYPE_CHECKING:
+    from trainer.resume import ResumePoint
+    from trainer.trainer import Trainer
+
+
+@dataclass(eq=False)
+class FitState:
+    """Everything a run's loops keep between two batches, and the Trainer they report to.
+
+    Attributes:
+        trainer: the public facade; hooks receive it, and its callbacks, loggers and datamodule are read there.
+        spec: the frozen flags.
+        strategy: the Strategy instance.
+        progress: the counters that say where the fit loop is (saved in checkpoints).
+        position: what a checkpoint taken now records as the loop position.
+        schedule: when validation is due and when the fit stops.
+        control: the per-step agreement between ranks.
+        metrics: where logged values go (callback, logged and progress-bar metrics, the loggers).
+        hooks: the hook dispatcher.
+        train_results: what `self.log` collects during training.
+        results: the results in use now (the training ones, or an evaluation's); see `using_results`.
+        loaders: the run's dataloaders and their batch limits.
+        optimizers: the optimizers as the strategy set them up.
+        lr_scheduler_configs: the schedulers from configure_optimizers, with their interval and frequency.
+        scheduler_stepper: steps the schedulers at their interval.
+        user_optimizers: what `TrainModule.optimizers()` returns in manual optimization.
+        automatic: automatic (True) or manual optimization.
+        window_has_loss: the open accumulation window has a backward in it.
+        resume_point: where a restored checkpoint left off, consumed by the next training epoch.
+        module: the TrainModule attached to the run (None before the first one).
+        launcher_pid: the process that built the Trainer; a rank in another one (spawn) sends its outcome back.
+    """
+
+    trainer: Trainer
+    spec: RunSpec
+    strategy: Strategy
+    progress: Progress
+    position: LoopPosition
+    schedule: FitSchedule
+    control: ControlPlane
+    metrics: MetricsRouter
+    hooks: HookDispatcher
+    train_results: ResultCollection
+    results: ResultCollection
+    loaders: StageLoaders = field(default_factory=StageLoaders)
+    optimizers: list[Optimizer] = field(default_factory=list)
+    lr_scheduler_configs: list[SchedulerConfig] = field(default_factory=list)
+    scheduler_stepper: SchedulerStepper = field(default_factory=lambda: SchedulerStepper([]))
+    user_optimizers: list[_StrategyOptimizer] = field(default_factory=list)
+    automatic: bool = True
+    window_has_loss: bool = False
+    resume_point: ResumePoint | None = None
+    module: Any = None
+    launcher_pid: int = field(default_factory=os.getpid)
+
+    @contextmanager
+    def using_results(self, results: ResultCollection) -> Iterator[ResultCollection]:
+        """`self.log` goes to `results` inside the block; the results in use before come back after it."""
+        previous, self.results = self.results, results
+        try:
+            yield results
+        finally:
+            self.results = previous
+
+    def new_eval_results(self) -> ResultCollection:
+        """A fresh collection for one evaluation, reduced and key-checked like the training one."""
+        return ResultCollection(self.strategy.all_reduce, self.control.check_sync_keys)
+
+    def run_step(self, name: str, *args: Any) -> Any:
+        """`module.<name>(*args)` through the strategy's wrapper, with `self.log` attributed to that step."""
+        results = self.results
+        results.current_fx = name
+        try:
+            return self.strategy.step(name, *args)
+        finally:
+            results.current_fx = None
+
+    def clip_gradients(self, optimizer: Optimizer) -> None:
+        """Clip as `gradient_clip_val` / `gradient_clip_algorithm` say; nothing when the value is None or 0."""
+        value = self.spec.gradient_clip_val
+        if value is None or value == 0:
+            return
+        if self.spec.gradient_clip_algorithm == "norm":
+            self.strategy.clip_gradients(optimizer, max_norm=value)
+        else:
+            self.strategy.clip_gradients(optimizer, max_value=value)
+
+    def eval_loaders(self, stage: RunningStage) -> tuple[list[Any], list[int | float]]:
+        """The loaders an evaluation stage runs over, and how many batches of each (sanity: its few steps)."""
+        if stage == RunningStage.TESTING:
+            return self.loaders.test, self.loaders.test_limits
+        if stage == RunningStage.SANITY_CHECKING:
+            return self.loaders.val, [self.schedule.sanity_steps(n) for n in self.loaders.val_limits]
+        return self.loaders.val, self.loaders.val_limits
+
+    def optimizers_for_user(self) -> list[Any]:
+        """What `TrainModule.optimizers()` hands out: wrappers that step through the strategy in manual mode."""
+        return self.user_optimizers if not self.automatic else self.optimizers

@@ -1,0 +1,135 @@
+"""One check per kind of Trainer flag value: each takes (name, value), returns the value to keep, or raises a
+ConfigError naming the flag and the accepted values. The flag table in flags.py picks one for each flag."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from strategies.exceptions import ConfigError
+
+Check = Callable[[str, Any], Any]
+
+
+def as_given(name: str, value: Any) -> Any:
+    """For flags resolved together with others (devices, strategy, precision): checked where they are resolved."""
+    return value
+
+
+def boolean(name: str, value: Any) -> bool:
+    """True or False only: bool('false') is True, so a string from a config or a command line would mean the
+    opposite of what was written."""
+    if not isinstance(value, bool):
+        hint = (" A string is not a bool (bool('false') is True): pass the Python value, or write true/false "
+                "unquoted in a YAML config.") if isinstance(value, str) else ""
+        raise ConfigError(f"{name}={value!r} is not valid: use True or False.{hint}")
+    return value
+
+
+def optional_path(name: str, value: Any) -> Any:
+    if value is not None and not isinstance(value, (str, os.PathLike)):
+        raise ConfigError(
+            f"{name}={value!r} is not valid: use a path (a str or pathlib.Path, or an fsspec URL such as "
+            f"'s3://bucket/run'), or None for the current directory; got {type(value).__name__}."
+        )
+    return value
+
+
+def check_int(name: str, value: Any, minimum: int, extra: str = "") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name}={value!r} is not valid: it must be an int >= {minimum}{extra}.")
+    return value
+
+
+def int_at_least(minimum: int, extra: str = "", allow_none: bool = False) -> Check:
+    """An int >= minimum (or None when `allow_none`)."""
+    def check(name: str, value: Any) -> Any:
+        return value if allow_none and value is None else check_int(name, value, minimum, extra)
+    return check
+
+
+def batch_limit(name: str, value: Any) -> int | float:
+    """An int number of batches, or a float fraction of them."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{name}={value!r} is not valid: use a float in [0.0, 1.0] or an int >= 0.")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(f"{name}={value} is not valid: an int must be >= 0 (a number of batches).")
+        return value
+    if isinstance(value, float):
+        if not 0.0 <= value <= 1.0:
+            raise ConfigError(
+                f"{name}={value} is not valid: a float must be in [0.0, 1.0] (a fraction of the batches); "
+                "pass an int for a number of batches."
+            )
+        return value
+    raise ConfigError(f"{name}={value!r} is not valid: use a float in [0.0, 1.0] or an int >= 0.")
+
+
+def check_interval(name: str, value: Any) -> int | float:
+    """A float in (0, 1] (a fraction of an epoch) or an int >= 1 (every N training batches)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+        isinstance(value, float) and not 0.0 < value <= 1.0
+    ) or (isinstance(value, int) and value < 1):
+        raise ConfigError(
+            f"{name}={value!r} is not valid: use a float in (0.0, 1.0] (fraction of an epoch) or an int >= 1 "
+            "(every N training batches)."
+        )
+    return value
+
+
+def clip_value(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{name}={value!r} is not valid: use None or a number >= 0.")
+    return float(value)
+
+
+def one_of(*choices: Any) -> Check:
+    """One of a few fixed values (compared with ==, so True and 1 are the same choice)."""
+    def check(name: str, value: Any) -> Any:
+        if isinstance(value, (list, dict, set)) or value not in choices:
+            raise ConfigError(f"{name}={value!r} is not valid: use {_choice_list(choices)}.")
+        return value
+    return check
+
+
+def _choice_list(choices: tuple[Any, ...]) -> str:
+    shown = [repr(c) for c in choices]
+    return shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " or " + shown[-1]
+
+
+def fast_dev_run(name: str, value: Any) -> int:
+    """True means 1 batch of each kind; an int N means N batches; False or 0 switches it off."""
+    return int(value) if isinstance(value, bool) else check_int(name, value, 0, " (or a bool)")
+
+
+_TIME_PATTERN = re.compile(r"^(\d+):(\d{1,2}):(\d{1,2}):(\d{1,2})$")
+
+
+def parse_max_time(value: Any) -> timedelta | None:
+    """Accept None, a timedelta, a dict of timedelta kwargs, or "DD:HH:MM:SS"."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, dict):
+        try:
+            return timedelta(**value)
+        except TypeError as err:
+            raise ConfigError(f"max_time={value!r} is not valid: {err}") from None
+    if isinstance(value, str) and (m := _TIME_PATTERN.match(value.strip())):
+        days, hours, minutes, seconds = (int(g) for g in m.groups())
+        return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    raise ConfigError(
+        f"max_time={value!r} is not valid: use 'DD:HH:MM:SS', a datetime.timedelta, or a dict like {{'hours': 2}}."
+    )
+
+
+def max_time(name: str, value: Any) -> timedelta | None:
+    return parse_max_time(value)
