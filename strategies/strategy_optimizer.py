@@ -110,4 +110,4 @@ def wrap_optimizer(optimizer: Optimizer, strategy: Strategy, after_closure: Call
 
 def unwrap_optimizer(optimizer: Any) -> Optimizer:
     """The torch optimizer behind what `TrainModule.optimizers()` handed out (GradScaler keys state by it)."""
-    return optimizer._optimizer if isinstance(optimizer, _StrategyOptimizer) else optimizer
+    return optimizer.optimizer if isinstance(optimizer, _StrategyOptimizer) else optimizer
