@@ -93,6 +93,11 @@ class _StrategyOptimizer:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._optimizer!r})"
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # The class is built at run time; pickling (ddp_spawn, deepcopy) rebuilds it from the user's class.
+        return wrap_optimizer, (self._optimizer, self._strategy, self._after_closure, self._after_step,
+                                type(self).__bases__[1])
+
 
 _CLASSES: dict[type, type] = {}
 

@@ -206,3 +206,16 @@ def test_a_manual_step_with_a_closure_runs_it_before_on_before_optimizer_step():
 
     Trainer(max_epochs=1, limit_train_batches=1, **FLAGS).fit(Model(automatic=False), _loader())
     assert order == ["closure", "on_before_optimizer_step", "returned Tensor"]
+
+
+def test_the_wrapper_survives_pickling_and_deepcopy():
+    """ddp_spawn pickles what the ranks get; the wrapper's class is built at run time and must come back."""
+    import copy
+    import pickle
+
+    model = Recorder()
+    Trainer(max_epochs=1, limit_train_batches=1, **FLAGS).fit(model, _loader())
+    wrapper = model.seen[0][0]
+    for clone in (pickle.loads(pickle.dumps(wrapper)), copy.deepcopy(wrapper)):
+        assert isinstance(clone, torch.optim.Adam) and type(clone).__name__ == type(wrapper).__name__
+        assert clone.param_groups[0]["lr"] == wrapper.param_groups[0]["lr"] and clone.optimizer is not wrapper.optimizer
