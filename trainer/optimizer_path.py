@@ -149,6 +149,7 @@ def after_closure(loop: FitState, optimizer: Optimizer) -> None:
         return
     if not loop.window_has_loss:
         return
+    loop.position.set(Phase.STEP_PENDING)  # also when this batch was skipped but the window has gradients
     loop.strategy.unscale_gradients(optimizer)
     call_hook(loop, "on_before_optimizer_step", optimizer)
     if loop.custom_clipping:
