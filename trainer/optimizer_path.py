@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor
 from torch.optim import Optimizer
 
+from strategies.distributed import rank_zero_warn
 from strategies.exceptions import MisconfigurationError
 from strategies.strategy_optimizer import _StrategyOptimizer, wrap_optimizer
+from trainer.hooks import _is_overridden as is_overridden
 from trainer.hooks import call_hook
 from trainer.position import Phase
 
@@ -168,6 +170,29 @@ def after_step(loop: FitState, optimizer: Optimizer, stepped: bool) -> None:
         return
     loop.progress.global_step += 1
     loop.position.set(Phase.MANUAL_STEPPED)
+
+
+_AUTOMATIC_ONLY = ("optimizer_step", "optimizer_zero_grad", "configure_gradient_clipping")
+
+
+def check_manual_optimization(loop: FitState, module: Any, base: type) -> None:
+    """Manual optimization: refuse `gradient_clip_val` (as Lightning does: clip in training_step with
+    `self.clip_gradients`), and say that overrides of the automatic path's hooks are not called."""
+    if loop.automatic:
+        return
+    if loop.spec.gradient_clip_val:
+        raise MisconfigurationError(
+            f"Trainer(gradient_clip_val={loop.spec.gradient_clip_val!r}) clips in automatic optimization only; with "
+            "`self.automatic_optimization = False` call `self.clip_gradients(optimizer, gradient_clip_val=..., "
+            "gradient_clip_algorithm=...)` in training_step and drop the flag."
+        )
+    unused = [name for name in _AUTOMATIC_ONLY if is_overridden(module, name, base)]
+    if unused:
+        rank_zero_warn(
+            f"{type(module).__name__} overrides {', '.join(unused)}, which the Trainer calls in automatic optimization "
+            "only; with `self.automatic_optimization = False` they are not called (as in Lightning). Step, zero and "
+            "clip in training_step instead."
+        )
 
 
 def wrap_optimizers(loop: FitState, built: list[Optimizer]) -> list[_StrategyOptimizer]:

@@ -286,6 +286,7 @@ class Trainer(TrainerProperties):
         if not loop.automatic and self.accumulate_grad_batches > 1:
             raise ConfigError("accumulate_grad_batches > 1 is not supported with manual optimization; "
                               "accumulate in training_step instead.")
+        optimizer_path.check_manual_optimization(loop, model, TrainModule)
         for optimizer in setup.optimizers:
             self.strategy.precision.check_optimizer(optimizer)
         loop.optimizers = self.strategy.setup_optimizers(setup.optimizers)

@@ -193,3 +193,35 @@ def test_a_window_of_skipped_batches_calls_optimizer_step_but_does_not_step(prec
     assert [c[1] for c in model.calls if c[0] == "optimizer_step"] == [1, 3, 5]
     assert len([c for c in model.calls if c[0] == "on_before_optimizer_step"]) == 2
     assert trainer.global_step == 2
+
+
+# --- manual optimization ----------------------------------------------------------------------------------
+class ManualRegression(Regression):
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        opt = self.optimizers()
+        loss = super().training_step(batch, batch_idx)
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+        return loss.detach()
+
+
+def test_gradient_clip_val_with_manual_optimization_is_refused_as_in_lightning():
+    with pytest.raises(MisconfigurationError, match="self.clip_gradients"):
+        Trainer(max_epochs=1, gradient_clip_val=0.5, **FLAGS).fit(ManualRegression(), _loader())
+
+
+def test_automatic_only_overrides_in_manual_optimization_are_named_not_ignored_silently():
+    class Model(ManualRegression):
+        def optimizer_step(self, *args: Any) -> None:
+            raise AssertionError("not called in manual optimization")
+
+        def configure_gradient_clipping(self, *args: Any) -> None:
+            raise AssertionError("not called in manual optimization")
+
+    with pytest.warns(UserWarning, match="overrides optimizer_step, configure_gradient_clipping"):
+        Trainer(max_epochs=1, limit_train_batches=2, **FLAGS).fit(Model(), _loader())
