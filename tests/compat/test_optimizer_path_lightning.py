@@ -82,3 +82,42 @@ def test_the_hooks_around_the_step_run_as_in_lightning(optimizer: str, flags: di
     assert ours == theirs
     names = {c[0] for c in ours}
     assert {"optimizer_step", "optimizer_zero_grad", "backward", "configure_gradient_clipping"} <= names
+
+
+def _warm_up(base: type) -> Any:
+    """The warm-up of Lightning's docs, on `base`; the same initial weights for both (seeded)."""
+
+    class WarmUp(base):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            return nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.Adam(self.parameters(), lr=0.05)
+
+        def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any) -> None:
+            optimizer.step(closure=optimizer_closure)
+            if self.trainer.global_step < 6:
+                for group in optimizer.param_groups:
+                    group["lr"] = min(1.0, (self.trainer.global_step + 1) / 6) * 0.05
+
+    return WarmUp()
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_a_warm_up_override_trains_as_under_lightning(accumulate: int):
+    weights = []
+    for trainer_cls, base in ((Trainer, TrainModule), (pl.Trainer, pl.LightningModule)):
+        model = _warm_up(base)
+        loader = DataLoader(regression_data(n=64, features=8), batch_size=8)
+        trainer_cls(max_epochs=2, num_sanity_val_steps=0, limit_val_batches=0, accumulate_grad_batches=accumulate,
+                    **QUIET).fit(model, loader)
+        weights.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+    ours, theirs = weights
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    assert not torch.equal(ours["net.0.weight"], _warm_up(TrainModule).state_dict()["net.0.weight"])
