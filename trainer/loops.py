@@ -13,9 +13,9 @@ import torch
 from torch import Tensor
 
 from strategies.distributed import rank_zero_info
-from strategies.exceptions import MisconfigurationError
 from trainer import data, preemption, resume
 from trainer.hooks import call_hook
+from trainer.optimizer_path import TrainingClosure, step_window
 from trainer.position import Phase
 from trainer.sampling import resumable_sampler
 from trainer.seed import capture_rng_state, restore_rng_state
@@ -23,34 +23,6 @@ from trainer.state import RunningStage, TrainerFn
 
 if TYPE_CHECKING:
     from trainer.fit_state import FitState
-
-_ACCEPTED_STEP_OUTPUT = "a scalar loss tensor, a dict with a 'loss' tensor, or None (skip this batch)"
-
-
-def loss_from(out: Any) -> Tensor | None:
-    """The loss in a training_step output, validated; None means skip the batch."""
-    if type(out) is Tensor and out.requires_grad and out.numel() == 1:  # the common case, checked cheaply
-        return out
-    if out is None:
-        return None
-    loss = out.get("loss") if isinstance(out, Mapping) else out
-    if isinstance(out, Mapping) and "loss" not in out:
-        raise MisconfigurationError(
-            f"training_step returned a dict without a 'loss' key (keys: {sorted(out)}); return {_ACCEPTED_STEP_OUTPUT}."
-        )
-    if not isinstance(loss, Tensor):
-        raise MisconfigurationError(f"training_step returned {type(loss).__name__}; return {_ACCEPTED_STEP_OUTPUT}.")
-    if loss.numel() != 1:
-        raise MisconfigurationError(
-            f"training_step returned a loss tensor of shape {tuple(loss.shape)}; it must be a scalar "
-            "(reduce it, e.g. with .mean())."
-        )
-    if not loss.requires_grad:
-        raise MisconfigurationError(
-            "training_step returned a loss that does not require grad (was it computed under torch.no_grad(), "
-            "or detached?). Return the loss tensor from the forward computation."
-        )
-    return loss
 
 
 def _detached(out: Any, loss: Tensor | None) -> Any:
@@ -65,39 +37,16 @@ def _detached(out: Any, loss: Tensor | None) -> Any:
 
 
 def train_one_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> Any:
-    """Automatic optimization: forward, backward, and (at the end of an accumulation window) step."""
-    s, accumulate = loop.strategy, loop.spec.accumulate_grad_batches
+    """Automatic optimization (trainer/optimizer_path.py): on the batch that closes its accumulation window the
+    module's optimizer_step runs the closure (training_step, backward) and steps; other batches run the closure."""
     is_last_micro = loop.schedule.window_ends(batch_idx, is_last)
-    with s.no_backward_sync(not is_last_micro):  # wraps forward and backward
-        out = loop.run_step("training_step", batch, batch_idx)
-        loss = loss_from(out)
-        # Every rank learns here whether any rank skips, hit a NaN, ran out of data or got a stop signal.
-        skip = loop.control.after_training_step(loop, loss, is_last, True)
-        if not skip and loss is not None:
-            call_hook(loop, "on_before_backward", loss)
-            s.backward(loss / accumulate if accumulate > 1 else loss)
-            loop.window_has_loss = True
-            loop.position.set(Phase.STEP_PENDING if is_last_micro else Phase.BACKWARD_DONE)
-            call_hook(loop, "on_after_backward")
-    if is_last_micro and loop.window_has_loss:
-        close_window(loop)
-    return _detached(out, loss)
-
-
-def close_window(loop: FitState) -> None:
-    """The end of an accumulation window: clip, optimizer step, step-interval schedulers, zero_grad."""
-    s, opt, position = loop.strategy, loop.optimizers[0], loop.position
-    position.set(Phase.STEP_PENDING)
-    s.unscale_gradients(opt)  # hooks see true gradients under 16-mixed, as in Lightning
-    call_hook(loop, "on_before_optimizer_step", opt)
-    loop.clip_gradients(opt)
-    if s.optimizer_step(opt) and loop.scheduler_stepper.has_step_schedulers:
-        loop.scheduler_stepper.step("step", loop.progress.global_step + 1, loop.metrics.callback_metrics)
-    position.set(Phase.STEPPED)
-    call_hook(loop, "on_before_zero_grad", opt)
-    opt.zero_grad(set_to_none=True)
-    loop.progress.global_step += 1
-    loop.window_has_loss = False
+    closure = TrainingClosure(loop, batch, batch_idx, is_last, is_last_micro)
+    if is_last_micro:
+        step_window(loop, batch_idx, closure)
+    else:
+        with loop.strategy.no_backward_sync(True):  # wraps forward and backward
+            closure()
+    return _detached(closure.output, closure.loss)
 
 
 def train_one_batch_manual(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> Any:

@@ -11,18 +11,21 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from strategies.base import _StrategyOptimizer
 from strategies.exceptions import MisconfigurationError
 from trainer.data_hooks import AttributeDict, DataHooks
+from trainer.module_optim import OptimizationHooks
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
-class TrainModule(DataHooks, nn.Module):
+class TrainModule(OptimizationHooks, DataHooks, nn.Module):
     """Subclass this: define `training_step` and `configure_optimizers`, optionally the other hooks.
 
-    Every hook below is a no-op here; the Trainer calls them in the order documented in trainer.hooks.
+    Every `on_*` hook below is a no-op here; the Trainer calls them in the order documented in trainer.hooks.
+    The hooks of the optimizer path (`optimizer_step`, `optimizer_zero_grad`, `backward`,
+    `configure_gradient_clipping`, `lr_scheduler_step`) do the default work and may be overridden
+    (trainer/module_optim.py).
     The module never handles devices, ranks or wrappers: the same subclass runs on one device, under
     DDP or ZeRO, chosen by `Trainer(strategy=...)`.
 
@@ -189,13 +192,14 @@ class TrainModule(DataHooks, nn.Module):
         """Called after backward; `.grad` holds the gradients (under 16-mixed, still scaled)."""
 
     def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
-        """Called before each optimizer step.
+        """Called before each optimizer step, after its closure (training_step and backward) ran.
 
         In automatic optimization the gradients are unscaled by then, and not yet clipped.
         """
 
     def on_before_zero_grad(self, optimizer: Optimizer) -> None:
-        """Called after the optimizer step, just before the gradients are zeroed."""
+        """Called just before `optimizer_zero_grad`: after training_step and before backward, on the first batch of
+        each accumulation window (as in Lightning)."""
 
     def on_validation_start(self) -> None:
         """Called at the start of every validation run, the sanity check included."""
@@ -338,38 +342,6 @@ class TrainModule(DataHooks, nn.Module):
                         values.setdefault(k, v)
             frame = frame.f_back
         return values
-
-    # --- optimization --------------------------------------------------------------------------
-    def optimizers(self) -> Any:
-        """The optimizer(s) the Trainer set up: one object, or a list when there are several."""
-        opts = self.trainer.fit_state.optimizers_for_user()
-        return opts[0] if len(opts) == 1 else opts
-
-    def lr_schedulers(self) -> Any:
-        """The scheduler(s) from configure_optimizers: None, one object, or a list."""
-        scheds = [c.scheduler for c in self.trainer.lr_scheduler_configs]
-        if not scheds:
-            return None
-        return scheds[0] if len(scheds) == 1 else scheds
-
-    def manual_backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
-        """Backward for manual optimization: use this instead of `loss.backward()` (precision, DDP)."""
-        from trainer.hooks import call_hook
-
-        loop = self.trainer.fit_state
-        call_hook(loop, "on_before_backward", loss)
-        loop.strategy.manual_backward(loss)
-        call_hook(loop, "on_after_backward")
-
-    def clip_gradients(
-        self, optimizer: Optimizer | _StrategyOptimizer, gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str = "norm",
-    ) -> None:
-        """Clip gradients in manual optimization through the strategy (unscales under AMP)."""
-        if gradient_clip_algorithm == "norm":
-            self.trainer.strategy.clip_gradients(optimizer, max_norm=gradient_clip_val)
-        else:
-            self.trainer.strategy.clip_gradients(optimizer, max_value=gradient_clip_val)
 
     # --- checkpoints -----------------------------------------------------------------------------
     @classmethod

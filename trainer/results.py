@@ -22,7 +22,8 @@ _EPOCH_HOOK = (False, True, False)
 LOGGING_HOOKS: dict[str, tuple[bool, bool, bool]] = {
     **dict.fromkeys(
         ("training_step", "on_train_batch_start", "on_train_batch_end", "on_before_backward",
-         "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad"), _STEP_HOOK),
+         "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad", "optimizer_step",
+         "optimizer_zero_grad", "backward", "configure_gradient_clipping"), _STEP_HOOK),
     **dict.fromkeys(
         ("validation_step", "test_step", "on_validation_batch_start", "on_validation_batch_end",
          "on_test_batch_start", "on_test_batch_end"), _EVAL_HOOK),

@@ -9,13 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.optim import Optimizer
 
-from strategies.base import _StrategyOptimizer
 from strategies.checkpoint_io import remove_stale_temp_files
 from strategies.exceptions import ConfigError, MisconfigurationError
 from trainer import checkpoint as ckpt
-from trainer import failure, loops
+from trainer import failure, loops, optimizer_path
 from trainer.control import ControlPlane
 from trainer.fit_state import FitState
 from trainer.flags import FLAG_NAMES, parse_flags
@@ -275,7 +273,11 @@ class Trainer(TrainerProperties):
 
     def _fit(self, model: Any, checkpoint: dict[str, Any] | None, path: Any) -> None:
         loop = self.fit_state
-        setup = normalize_optimizers(model.configure_optimizers(), allow_none=not loop.automatic)
+        from trainer.module import TrainModule
+
+        custom_scheduler_step = _is_overridden(model, "lr_scheduler_step", TrainModule)
+        setup = normalize_optimizers(model.configure_optimizers(), allow_none=not loop.automatic,
+                                     custom_scheduler_step=custom_scheduler_step)
         if loop.automatic and len(setup.optimizers) > 1:
             raise MisconfigurationError(
                 f"configure_optimizers() returned {len(setup.optimizers)} optimizers; automatic optimization "
@@ -284,17 +286,18 @@ class Trainer(TrainerProperties):
         if not loop.automatic and self.accumulate_grad_batches > 1:
             raise ConfigError("accumulate_grad_batches > 1 is not supported with manual optimization; "
                               "accumulate in training_step instead.")
+        optimizer_path.check_manual_optimization(loop, model, TrainModule)
+        for optimizer in setup.optimizers:
+            self.strategy.precision.check_optimizer(optimizer)
         loop.optimizers = self.strategy.setup_optimizers(setup.optimizers)
         for old, new in zip(setup.optimizers, loop.optimizers, strict=True):
             for config in setup.schedulers:  # a strategy may swap in its own optimizer (ZeRO-1)
                 if getattr(config.scheduler, "optimizer", None) is old and new is not old:
                     config.scheduler.optimizer = new
         loop.lr_scheduler_configs = setup.schedulers
-        loop.scheduler_stepper = SchedulerStepper(setup.schedulers)
-        loop.user_optimizers = [
-            _StrategyOptimizer(opt, self.strategy, self._before_manual_step, self._after_manual_step)
-            for opt in loop.optimizers
-        ]
+        loop.scheduler_stepper = SchedulerStepper(setup.schedulers, model.lr_scheduler_step)
+        loop.user_optimizers = optimizer_path.wrap_optimizers(loop, setup.optimizers)
+        loop.custom_clipping = _is_overridden(model, "configure_gradient_clipping", TrainModule)
         loop.progress.settle()  # a second fit() keeps the counters, as in Lightning
         loop.position.set(Phase.BETWEEN_BATCHES)
         loop.resume_point = None
@@ -335,14 +338,6 @@ class Trainer(TrainerProperties):
             self._signals.restore()
             self.strategy.teardown()
             self.state.stage = None
-
-    # --- manual optimization: what `optimizer.step()` does around the strategy's step ------------------
-    def _before_manual_step(self, optimizer: Optimizer) -> None:
-        call_hook(self.fit_state, "on_before_optimizer_step", optimizer)
-
-    def _after_manual_step(self, optimizer: Optimizer, stepped: bool) -> None:
-        self.fit_state.progress.global_step += 1
-        self.fit_state.position.set(Phase.MANUAL_STEPPED)
 
 
 def _looks_like_datamodule(obj: Any) -> bool:
