@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.data_hooks import AttributeDict, DataHooks
+from trainer.data_hooks import DataHooks
+from trainer.hparams import HyperparametersMixin
 
 
-class DataModule(DataHooks):
+class DataModule(HyperparametersMixin, DataHooks):
     """Subclass and define the `*_dataloader` hooks you need; `setup(stage)` runs on every rank."""
 
     def __init__(self) -> None:
         self.trainer: Any = None
-        self.hparams = AttributeDict()
 
     def prepare_data(self) -> None:
         """Download or write files here. Called on every rank before `setup` (Lightning: once per node),

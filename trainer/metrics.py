@@ -63,7 +63,7 @@ class MetricsRouter:
     def log_hyperparams(self, module: Any, datamodule: Any) -> None:
         """Send the module's (and datamodule's) saved hyperparameters to every logger."""
         params = dict(module.hparams)
-        if datamodule is not None:
+        if datamodule is not None and getattr(datamodule, "_hparams_to_log", True):
             params.update(datamodule.hparams)
         if params and getattr(module, "_hparams_to_log", True):
             for logger in self.loggers:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,13 +12,14 @@ from torch.optim import Optimizer
 
 from strategies.base import _StrategyOptimizer
 from strategies.exceptions import MisconfigurationError
-from trainer.data_hooks import AttributeDict, DataHooks
+from trainer.data_hooks import DataHooks
+from trainer.hparams import HyperparametersMixin
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
-class TrainModule(DataHooks, nn.Module):
+class TrainModule(HyperparametersMixin, DataHooks, nn.Module):
     """Subclass this: define `training_step` and `configure_optimizers`, optionally the other hooks.
 
     Every hook below is a no-op here; the Trainer calls them in the order documented in trainer.hooks.
@@ -52,8 +52,6 @@ class TrainModule(DataHooks, nn.Module):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._trainer: Trainer | None = None
-        self._hparams: AttributeDict = AttributeDict()
-        self._hparams_to_log = True
         self.automatic_optimization: bool = True
 
     # --- properties --------------------------------------------------------------------------
@@ -96,11 +94,6 @@ class TrainModule(DataHooks, nn.Module):
     def global_step(self) -> int:
         """Optimizer steps taken so far (0 without a Trainer)."""
         return self._trainer.global_step if self._trainer is not None else 0
-
-    @property
-    def hparams(self) -> AttributeDict:
-        """What `save_hyperparameters` recorded, readable as attributes (`self.hparams.lr`)."""
-        return self._hparams
 
     # --- steps (override) --------------------------------------------------------------------
     def training_step(self, *args: Any, **kwargs: Any) -> Tensor | Mapping[str, Any] | None:
@@ -307,37 +300,6 @@ class TrainModule(DataHooks, nn.Module):
         """`self.log` for every item of the dict, with the same options."""
         for name, value in dictionary.items():
             self.log(name, value, **kwargs)
-
-    # --- hyperparameters -------------------------------------------------------------------------
-    def save_hyperparameters(self, *args: Any, ignore: Sequence[str] | str | None = None, logger: bool = True) -> None:
-        """Record `__init__` arguments (all, or the names given, or a dict) into `self.hparams`."""
-        ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
-        if len(args) == 1 and isinstance(args[0], Mapping):
-            values = dict(args[0])
-        else:
-            values = self._init_arguments()
-            if args:
-                missing = [a for a in args if a not in values]
-                if missing:
-                    raise MisconfigurationError(f"save_hyperparameters{args}: {missing} are not __init__ arguments.")
-                values = {k: values[k] for k in args}
-        self._hparams.update({k: v for k, v in values.items() if k not in ignored})
-        self._hparams_to_log = logger
-
-    def _init_arguments(self) -> dict[str, Any]:
-        """Find the frame of this object's __init__ and read its arguments from there."""
-        frame = inspect.currentframe()
-        values: dict[str, Any] = {}
-        while frame is not None:
-            if frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is self:
-                info = inspect.getargvalues(frame)
-                for arg in info.args[1:]:
-                    values.setdefault(arg, info.locals[arg])
-                if info.keywords and isinstance(info.locals.get(info.keywords), dict):
-                    for k, v in info.locals[info.keywords].items():
-                        values.setdefault(k, v)
-            frame = frame.f_back
-        return values
 
     # --- optimization --------------------------------------------------------------------------
     def optimizers(self) -> Any:

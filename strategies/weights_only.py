@@ -1,0 +1,161 @@
+"""What `torch.load(weights_only=True)` accepts, asked of torch itself, and how a foreign file whose pickle names
+classes torch refuses is read without running any of them.
+
+Why: a checkpoint is only worth writing if our own safe loader can read it back, so the writer refuses, at save
+time and naming the key, what the loader would refuse. The rule is torch's, not a list of ours: torch's default
+allowlist (`collections.Counter`, `OrderedDict`, `set`, dtypes, ...) plus whatever the user registered with
+`torch.serialization.add_safe_globals` (or the `safe_globals` context). A list of our own refused torch's own
+`MultiStepLR` state (its milestones are a `Counter`).
+"""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch.serialization import get_safe_globals, safe_globals
+
+__all__ = ["StandIn", "allowed_globals", "contains_stand_ins", "load_with_stand_ins", "refusal"]
+
+# Exact types the pickle opcodes hold by value (no global is looked up for them).
+_BY_VALUE = frozenset({str, bytes, int, float, bool, type(None)})
+# torch values whose reduction names only allowlisted globals (dtypes, torch.device, torch.Size, layouts).
+_TORCH_VALUES = (torch.dtype, torch.device, torch.Size, torch.layout)
+# Lightning's dict subclasses in its checkpoints' hyperparameters: read as plain dicts (their items load as usual).
+LIGHTNING_MARKER = b"pytorch-lightning_version"
+LIGHTNING_DICTS = {name: dict for name in (
+    "lightning.fabric.utilities.data.AttributeDict", "lightning_fabric.utilities.data.AttributeDict",
+    "lightning.pytorch.utilities.parsing.AttributeDict", "pytorch_lightning.utilities.parsing.AttributeDict")}
+
+
+def allowed_globals() -> dict[int, Any]:
+    """The classes and functions a weights-only load may rebuild, by id: torch's defaults plus user additions."""
+    from torch import _weights_only_unpickler as unpickler  # private, but it is the loader's own table
+
+    found: list[Any] = list(unpickler._get_allowed_globals().values())
+    found += list(unpickler._get_user_allowed_globals().values())
+    found += [entry[0] if isinstance(entry, tuple) else entry for entry in get_safe_globals()]
+    return {id(obj): obj for obj in found}
+
+
+def _global_name(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__qualname__)}"
+
+
+def refusal(value: Any, path: str = "checkpoint", allowed: dict[int, Any] | None = None) -> str | None:
+    """Why a weights-only load would refuse `value` (naming the key path and the global), or None if it loads.
+
+    Tensors are torch's own business (their rebuild functions are allowlisted); containers are walked; any
+    other object is allowed when its class (or, for a class or function stored as a value, the object itself)
+    is on torch's allowlist, and then its contents are walked too.
+    """
+    allowed = allowed_globals() if allowed is None else allowed
+    kind = type(value)
+    if kind in _BY_VALUE or isinstance(value, (torch.Tensor, *_TORCH_VALUES)):
+        return None
+    if kind in (dict, list, tuple):
+        return _refusal_of_items(value, path, allowed)
+    if isinstance(value, type) or callable(value) and hasattr(value, "__qualname__"):  # pickled by reference
+        if id(value) in allowed:
+            return None
+        return f"{path} holds {_global_name(value)} (a {'class' if isinstance(value, type) else 'function'})"
+    if id(kind) not in allowed:
+        return f"{path} holds a {_global_name(kind)}"
+    return _refusal_of_items(value, path, allowed)
+
+
+def _refusal_of_items(value: Any, path: str, allowed: dict[int, Any]) -> str | None:
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            found = refusal(key, f"{path} key {key!r}", allowed) or refusal(item, f"{path}[{key!r}]", allowed)
+            if found:
+                return found
+        return None
+    if isinstance(value, (list, tuple, set)):
+        for idx, item in enumerate(value):
+            found = refusal(item, f"{path}[{idx}]", allowed)
+            if found:
+                return found
+        return None
+    state = getattr(value, "__dict__", None)  # an allowlisted class is rebuilt from its __dict__ (pickle's BUILD)
+    return _refusal_of_items(state, path, allowed) if isinstance(state, dict) else None
+
+
+class StandIn:
+    """Stands in for a class or function a weights-only load refuses, in a file we read but did not write.
+
+    The pickle then rebuilds this class instead: it records the name and the arguments, and runs none of the
+    original's code (nothing is imported). Code that reads the loaded dict finds these and reports them.
+    """
+
+    global_name: ClassVar[str] = "?"
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> StandIn:
+        obj = super().__new__(cls)
+        obj.args = args  # type: ignore[attr-defined]
+        return obj
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args = args
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def __repr__(self) -> str:
+        return f"<{self.global_name}, not loaded>"
+
+
+def _stand_in_for(name: str) -> type[StandIn]:
+    return type(name.rsplit(".", 1)[-1], (StandIn,), {"global_name": name, "__module__": __name__})
+
+
+def contains_stand_ins(value: Any) -> list[str]:
+    """The global names of the stand-ins (instances or classes) anywhere inside `value`."""
+    found: list[str] = []
+
+    def walk(item: Any) -> None:
+        if isinstance(item, StandIn) or isinstance(item, type) and issubclass(item, StandIn):
+            found.append(item.global_name)
+        elif isinstance(item, Mapping):
+            for part in item.values():
+                walk(part)
+        elif isinstance(item, (list, tuple, set)):
+            for part in item:
+                walk(part)
+
+    walk(value)
+    return sorted(set(found))
+
+
+def _unsafe_globals(source: Path | bytes) -> list[str]:
+    handle: Any = io.BytesIO(source) if isinstance(source, bytes) else source
+    return list(torch.serialization.get_unsafe_globals_in_checkpoint(handle))
+
+
+def pickle_mentions(source: Path | bytes, marker: bytes) -> bool:
+    """Whether the archive's pickle (not its tensor data) contains `marker`; reads that one entry only."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(source) if isinstance(source, bytes) else source) as archive:
+            names = [n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
+            return bool(names) and marker in archive.read(names[0])
+    except (zipfile.BadZipFile, OSError, KeyError):
+        return False
+
+
+def load_with_stand_ins(source: Path | bytes, map_location: Any, mapped: Mapping[str, Any] | None = None,
+                        limit: int = 256) -> Any:
+    """`torch.load(weights_only=True)` where each global the loader refuses is rebuilt as a `StandIn`.
+
+    `mapped` names globals to replace by a given allowlisted object instead (e.g. a dict subclass by `dict`).
+    Still torch's weights-only unpickler: only these stand-ins are added to its allowlist, for this load.
+    """
+    names = _unsafe_globals(source)[:limit]
+    mapped = mapped or {}
+    entries: list[Iterable[Any]] = [(mapped.get(name) or _stand_in_for(name), name) for name in names]
+    with safe_globals(entries):
+        handle: Any = io.BytesIO(source) if isinstance(source, bytes) else source
+        return torch.load(handle, map_location=map_location, weights_only=True)

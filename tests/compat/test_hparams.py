@@ -1,0 +1,243 @@
+"""save_hyperparameters / hparams / hparams_initial / DataModule.save_hyperparameters, as Lightning 2.x documents
+them, with one difference we own: values a weights-only checkpoint cannot hold are seen when
+`save_hyperparameters()` is called (one warning naming them) and stored by name or repr, never pickled."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from strategies.exceptions import CheckpointLoadError
+from tests.helpers.boring import QUIET, BoringModel, RandomDataset
+from trainer import DataModule, Trainer, TrainModule
+
+
+class WithObjects(BoringModel):
+    def __init__(self, backbone: nn.Module, activation: type = nn.ReLU, init: Any = torch.nn.init.zeros_,
+                 optimizer: Any = functools.partial(torch.optim.SGD, lr=0.1), lr: float = 0.1) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.backbone = backbone
+
+
+class Plain(BoringModel):
+    def __init__(self, width: int = 4, tags: tuple[str, ...] = ("a",), scale: float = 1.0) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+
+def _fit_and_save(model: TrainModule, path: Path, datamodule: Any = None) -> dict[str, Any]:
+    trainer = Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=0, **QUIET)
+    trainer.fit(model, datamodule=datamodule)
+    trainer.save_checkpoint(path)
+    return torch.load(path, weights_only=True)  # the file is readable by torch's safe loader as it is
+
+
+def _built_with_warnings(factory: Any) -> tuple[Any, list[str]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        built = factory()
+    return built, [str(w.message) for w in caught if "save_hyperparameters" in str(w.message)]
+
+
+def test_objects_are_reported_once_when_save_hyperparameters_is_called_not_at_the_first_checkpoint():
+    model, messages = _built_with_warnings(lambda: WithObjects(
+        nn.Linear(2, 2), nn.Tanh, torch.nn.init.ones_, functools.partial(torch.optim.Adam, lr=0.2), lr=0.2))
+    assert len(messages) == 1
+    for key in ("'backbone'", "'activation'", "'init'", "'optimizer'"):
+        assert key in messages[0]
+    assert "'lr'" not in messages[0]
+    assert "WithObjects.load_from_checkpoint(path, backbone=..., activation=..., init=..., optimizer=...)" \
+        in messages[0]
+    assert "ignore=[...]" in messages[0]  # Lightning's advice for an nn.Module argument
+
+
+def test_a_class_or_function_that_is_the_init_default_needs_no_warning():
+    model, messages = _built_with_warnings(lambda: WithObjects(nn.Linear(2, 2)))
+    assert len(messages) == 1 and "'backbone'" in messages[0]
+    assert "'activation'" not in messages[0] and "'optimizer'" not in messages[0]
+
+
+def test_plain_values_are_kept_without_a_warning():
+    model, messages = _built_with_warnings(lambda: Plain(8, ("x", "y")))
+    assert messages == []
+    assert model.hparams == {"width": 8, "tags": ("x", "y"), "scale": 1.0}
+
+
+def test_hparams_return_the_live_objects_as_in_lightning():
+    backbone = nn.Linear(2, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = WithObjects(backbone)
+    assert model.hparams.backbone is backbone  # Lightning 2.6.6: `self.hparams.backbone is backbone` too
+    assert model.hparams.activation is nn.ReLU
+
+
+def test_the_checkpoint_stores_import_paths_and_reprs_and_pickles_no_object(tmp_path: Path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        saved = _fit_and_save(WithObjects(nn.Linear(2, 2)), tmp_path / "m.ckpt")
+    assert saved["hparams"] == {
+        "backbone": "Linear(in_features=2, out_features=2, bias=True)",
+        "activation": "torch.nn.modules.activation.ReLU",
+        "init": "torch.nn.init.zeros_",
+        "optimizer": {"_target_": "torch.optim.sgd.SGD", "_partial_": True, "lr": 0.1},
+        "lr": 0.1,
+    }
+    assert sorted(saved["hparams_replaced"]) == ["activation", "backbone", "init", "optimizer"]
+
+
+def test_a_lambda_and_an_object_without_import_path_are_stored_as_their_repr(tmp_path: Path):
+    class Holder(BoringModel):
+        def __init__(self, fn: Any, thing: Any) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        saved = _fit_and_save(Holder(lambda x: x, argparse.Namespace(a=object())), tmp_path / "m.ckpt")
+    assert saved["hparams"]["fn"].startswith("<function test_a_lambda")
+    assert saved["hparams"]["thing"]["a"].startswith("<object object at")
+
+
+def test_load_from_checkpoint_asks_for_the_values_stored_by_name_only(tmp_path: Path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _fit_and_save(WithObjects(nn.Linear(2, 2)), tmp_path / "m.ckpt")
+        with pytest.raises(CheckpointLoadError, match=r"'backbone' \(a torch.nn.modules.linear.Linear instance.*"
+                                                      r"load_from_checkpoint\(path, backbone=\.\.\.\)") as info:
+            WithObjects.load_from_checkpoint(tmp_path / "m.ckpt")
+        # activation, init and optimizer were the __init__ defaults, stored under the same name: not asked for
+        assert "activation" not in str(info.value) and "optimizer" not in str(info.value)
+        loaded = WithObjects.load_from_checkpoint(tmp_path / "m.ckpt", backbone=nn.Linear(2, 2))
+    assert loaded.hparams.activation is nn.ReLU and loaded.hparams.lr == 0.1
+
+
+def test_a_replaced_value_that_is_not_the_default_must_be_passed_again(tmp_path: Path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _fit_and_save(WithObjects(nn.Linear(2, 2), activation=nn.Tanh), tmp_path / "m.ckpt")
+        with pytest.raises(CheckpointLoadError, match=r"'activation' \(a class, stored as its import path\)"):
+            WithObjects.load_from_checkpoint(tmp_path / "m.ckpt", backbone=nn.Linear(2, 2))
+        loaded = WithObjects.load_from_checkpoint(tmp_path / "m.ckpt", backbone=nn.Linear(2, 2), activation=nn.Tanh)
+    assert loaded.hparams.activation is nn.Tanh
+
+
+def test_ignore_leaves_the_argument_out_and_silences_the_warning(tmp_path: Path):
+    class Ignoring(BoringModel):
+        def __init__(self, backbone: nn.Module, lr: float = 0.1) -> None:
+            super().__init__()
+            self.save_hyperparameters(ignore=["backbone"])
+            self.backbone = backbone
+
+    model, messages = _built_with_warnings(lambda: Ignoring(nn.Linear(2, 2)))
+    assert messages == [] and model.hparams == {"lr": 0.1}
+    saved = _fit_and_save(model, tmp_path / "m.ckpt")
+    assert saved["hparams"] == {"lr": 0.1} and "hparams_replaced" not in saved
+
+
+def test_ignore_removes_what_a_base_class_recorded():
+    class Base(TrainModule):
+        def __init__(self, secret: str = "s", lr: float = 0.1) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+
+    class Child(Base):
+        def __init__(self, secret: str = "s", lr: float = 0.1) -> None:
+            super().__init__(secret, lr)
+            self.save_hyperparameters(ignore="secret")
+
+    assert Child().hparams == {"lr": 0.1}
+
+
+def test_a_dict_or_namespace_argument_becomes_the_hparams():
+    class FromConfig(TrainModule):
+        def __init__(self, config: Any) -> None:
+            super().__init__()
+            self.save_hyperparameters(config)
+
+    assert FromConfig(argparse.Namespace(lr=0.1, depth=2)).hparams == {"lr": 0.1, "depth": 2}
+    assert FromConfig({"lr": 0.2}).hparams.lr == 0.2
+
+
+def test_hparams_initial_is_a_copy_of_what_was_recorded():
+    model = Plain(8)
+    model.hparams.width = 16
+    assert model.hparams_initial == {"width": 8, "tags": ("a",), "scale": 1.0}
+    model.hparams_initial["width"] = 32  # a copy: changing it changes nothing
+    assert model.hparams_initial.width == 8 and model.hparams.width == 16
+
+
+def test_the_checkpoint_holds_the_hparams_as_they_are_when_it_is_saved(tmp_path: Path):
+    model = Plain(8)
+    model.hparams.width = 16  # Lightning saves the current hparams, not the initial ones
+    assert _fit_and_save(model, tmp_path / "m.ckpt")["hparams"]["width"] == 16
+
+
+def test_logger_false_keeps_the_hparams_from_the_loggers(tmp_path: Path):
+    from tests.trainer.test_logging import MemoryLogger
+
+    class Unlogged(BoringModel):
+        def __init__(self, width: int = 4) -> None:
+            super().__init__()
+            self.save_hyperparameters(logger=False)
+
+    logger = MemoryLogger()
+    model = Unlogged()
+    Trainer(max_epochs=1, limit_train_batches=1, **{**QUIET, "logger": logger}).fit(model)
+    assert logger.hparams == {} and model.hparams == {"width": 4}
+
+
+class Data(DataModule):
+    def __init__(self, batch_size: int = 4, name: str = "random") -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(RandomDataset(32, 16), batch_size=self.hparams.batch_size)
+
+
+def test_datamodule_save_hyperparameters_fills_hparams_and_the_checkpoint(tmp_path: Path):
+    data = Data(batch_size=8)
+    assert data.hparams == {"batch_size": 8, "name": "random"} and data.hparams.batch_size == 8
+    assert data.hparams_initial == {"batch_size": 8, "name": "random"}
+    saved = _fit_and_save(BoringModel(), tmp_path / "m.ckpt", datamodule=data)
+    assert saved["datamodule_hyper_parameters"] == {"batch_size": 8, "name": "random"}  # Lightning's key
+
+
+def test_datamodule_hparams_reach_the_loggers():
+    from tests.trainer.test_logging import MemoryLogger
+
+    logger = MemoryLogger()
+    Trainer(max_epochs=1, limit_train_batches=1, **{**QUIET, "logger": logger}).fit(BoringModel(),
+                                                                                      datamodule=Data(batch_size=8))
+    assert logger.hparams == {"batch_size": 8, "name": "random"}
+
+
+def test_what_we_record_matches_lightning_2_6_6():
+    pl = pytest.importorskip("lightning.pytorch", reason="Lightning is the oracle here; the other tests need none")
+
+    def build(base: type) -> Any:
+        class Side(base):  # type: ignore[misc, valid-type]
+            def __init__(self, backbone: nn.Module, activation: type = nn.ReLU, lr: float = 0.1,
+                         name: str = "x") -> None:
+                super().__init__()
+                self.save_hyperparameters(ignore="name")
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return Side(backbone, nn.Tanh, 0.3)
+
+    backbone = nn.Linear(2, 2)
+    ours, theirs = build(TrainModule), build(pl.LightningModule)
+    assert dict(ours.hparams) == dict(theirs.hparams)
+    assert (ours.hparams.backbone is backbone) == (theirs.hparams.backbone is backbone)
+    assert dict(ours.hparams_initial).keys() == dict(theirs.hparams_initial).keys()

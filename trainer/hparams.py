@@ -1,0 +1,128 @@
+"""`save_hyperparameters`, `hparams` and `hparams_initial`, shared by TrainModule and DataModule.
+
+Why here and not at the first checkpoint: a value a weights-only load cannot hold (a module, a class, a function,
+a partial, any other object) used to be refused when the first checkpoint was written, after an epoch of
+training. It is now seen when `save_hyperparameters()` is called: `self.hparams` keeps the live objects (as in
+Lightning), while checkpoints record them in a safe form (trainer/hparams_forms.py) with one warning per call,
+and `load_from_checkpoint` asks for them again as keyword arguments instead of guessing.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from argparse import Namespace
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from strategies.distributed import rank_zero_warn
+from strategies.exceptions import MisconfigurationError
+from trainer.data_hooks import AttributeDict
+from trainer.hparams_forms import rebuild_arguments, stored_forms
+
+
+class HyperparametersMixin:
+    """Records `__init__` arguments for checkpoints and loggers (Lightning's `save_hyperparameters`)."""
+
+    @property
+    def hparams(self) -> AttributeDict:
+        """What `save_hyperparameters` recorded, readable as attributes (`self.hparams.lr`); the live objects."""
+        if "_hparams" not in self.__dict__:
+            self.__dict__["_hparams"] = AttributeDict()
+        return self.__dict__["_hparams"]
+
+    @property
+    def hparams_initial(self) -> AttributeDict:
+        """A copy of the hyperparameters as `save_hyperparameters` recorded them; later changes to `hparams`
+        are not in it (Lightning's read-only view)."""
+        return copy.deepcopy(self.__dict__.get("_hparams_initial", AttributeDict()))
+
+    def save_hyperparameters(self, *args: Any, ignore: Sequence[str] | str | None = None, logger: bool = True) -> None:
+        """Record `__init__` arguments into `self.hparams`, for checkpoints and the loggers.
+
+        Values a weights-only load cannot hold (modules, classes, functions, partials, other objects) stay live
+        in `self.hparams`, but checkpoints record them as their import path or repr (never pickled), with one
+        warning naming them: `load_from_checkpoint` then needs them passed again as keyword arguments.
+
+        Args:
+            *args: nothing (all `__init__` arguments), argument names, or one dict / `argparse.Namespace` /
+                mapping to record instead.
+            ignore: argument name(s) to leave out, also removing them if a base class recorded them.
+            logger: False keeps these hyperparameters from the loggers (they are still checkpointed).
+
+        Example::
+
+            def __init__(self, backbone: nn.Module, lr: float = 1e-3):
+                super().__init__()
+                self.save_hyperparameters(ignore=["backbone"])  # its weights are in the state_dict anyway
+                self.backbone = backbone
+        """
+        ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
+        values = self._chosen_hyperparameters(args)
+        hparams = self.hparams
+        hparams.update({k: v for k, v in values.items() if k not in ignored})
+        for key in ignored:
+            hparams.pop(key, None)
+        self.__dict__["_hparams_initial"] = _frozen_copy(hparams)
+        self.__dict__["_hparams_to_log"] = logger
+        stored, replaced = stored_forms(hparams)
+        _, needed = rebuild_arguments(type(self), stored, replaced, {})  # a default class or function is found again
+        if needed:
+            _warn_replaced(type(self).__name__, needed)
+
+    def _chosen_hyperparameters(self, args: tuple[Any, ...]) -> dict[str, Any]:
+        names = [a for a in args if isinstance(a, str)]
+        given = [a for a in args if not isinstance(a, str)]
+        if len(given) == 1 and not names:
+            single = given[0]
+            if isinstance(single, Namespace):
+                return dict(vars(single))
+            if isinstance(single, Mapping):
+                return dict(single)
+        if given:
+            raise MisconfigurationError(
+                f"save_hyperparameters{args!r}: pass argument names (str), or one dict / argparse.Namespace."
+            )
+        values = self._init_arguments()
+        missing = [a for a in names if a not in values]
+        if missing:
+            raise MisconfigurationError(f"save_hyperparameters{args}: {missing} are not __init__ arguments.")
+        return {k: values[k] for k in names} if names else values
+
+    def _init_arguments(self) -> dict[str, Any]:
+        """Find the frames of this object's __init__ (subclass first) and read their arguments."""
+        frame = inspect.currentframe()
+        values: dict[str, Any] = {}
+        while frame is not None:
+            if frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is self:
+                info = inspect.getargvalues(frame)
+                for arg in info.args[1:]:
+                    values.setdefault(arg, info.locals[arg])
+                if info.keywords and isinstance(info.locals.get(info.keywords), dict):
+                    for k, v in info.locals[info.keywords].items():
+                        values.setdefault(k, v)
+            frame = frame.f_back
+        return values
+
+
+def _warn_replaced(owner: str, replaced: dict[str, str]) -> None:
+    listed = "; ".join(f"{key!r}: {what}" for key, what in replaced.items())
+    keys = ", ".join(f"{key}=..." for key in replaced)
+    rank_zero_warn(
+        f"{owner}.save_hyperparameters(): {len(replaced)} value(s) cannot be stored in a weights-only checkpoint "
+        f"({listed}). self.hparams keeps them; checkpoints record their import path or repr and never pickle "
+        f"them, so {owner}.load_from_checkpoint(path, {keys}) needs them passed again. An nn.Module argument's "
+        "weights are in the state_dict anyway: leave it out with save_hyperparameters(ignore=[...]).",
+        stacklevel=5,  # the user's __init__ (rank_zero_warn is wrapped by rank_zero_only)
+    )
+
+
+def _frozen_copy(hparams: AttributeDict) -> AttributeDict:
+    """A deep copy, as Lightning takes; a value that cannot be deep-copied (a lock, a generator) is kept as is."""
+    frozen = AttributeDict()
+    for key, value in hparams.items():
+        try:
+            frozen[key] = copy.deepcopy(value)
+        except Exception:  # noqa: BLE001 - any object's __deepcopy__ may raise anything
+            frozen[key] = value
+    return frozen

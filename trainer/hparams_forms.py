@@ -1,0 +1,121 @@
+"""The form in which a hyperparameter is stored in a checkpoint, and how it is read back.
+
+Why: a checkpoint is read with `torch.load(weights_only=True)`, so a value torch's safe loader refuses cannot be
+pickled into it. Such a value is recorded in a form that loader reads (a class or function as its import path;
+a `functools.partial` as Hydra's `{"_target_": ..., "_partial_": True, ...}` when its function and arguments
+allow; a mapping or `argparse.Namespace` as a dict; anything else as its repr) and its key is listed under
+`hparams_replaced`, so that `load_from_checkpoint` asks for it instead of passing a string where the module
+expected an object. Nothing is ever imported from a checkpoint.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from argparse import Namespace
+from collections.abc import Mapping
+from typing import Any
+
+from strategies.weights_only import StandIn, allowed_globals, refusal
+
+_REPR_LIMIT = 300
+
+
+def import_path(obj: Any) -> str | None:
+    """`module.qualname` when that name leads back to `obj` in an already imported module (nothing is imported)."""
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname:
+        return None
+    found: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return f"{module}.{qualname}" if found is obj else None
+
+
+def _short_repr(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a user's __repr__ may raise anything
+        text = f"<{type(value).__qualname__} object>"
+    return text if len(text) <= _REPR_LIMIT else text[:_REPR_LIMIT] + "..."
+
+
+def stored_form(value: Any, allowed: dict[int, Any] | None = None) -> tuple[Any, str | None]:
+    """(what a checkpoint records for `value`, None when that is the value itself or else what it was)."""
+    allowed = allowed_globals() if allowed is None else allowed
+    if refusal(value, "value", allowed) is None:
+        return value, None
+    if isinstance(value, type) and issubclass(value, StandIn):  # a class or function named in a foreign file
+        return value.global_name, f"{value.global_name}, a class or function (refused by the safe loader)"
+    if isinstance(value, StandIn):
+        return _short_repr(value), f"a {value.global_name} (refused by the safe loader)"
+    if isinstance(value, functools.partial):
+        return _partial_form(value, allowed), "a functools.partial"
+    if inspect.isclass(value) or callable(value) and hasattr(value, "__qualname__"):
+        what = "a class" if inspect.isclass(value) else "a function"
+        path = import_path(value)
+        return (path, f"{what}, stored as its import path") if path else (_short_repr(value), f"{what}, stored "
+                                                                           "as its repr (it has no import path)")
+    if isinstance(value, (Mapping, Namespace)):
+        items = vars(value) if isinstance(value, Namespace) else value
+        stored = {k: stored_form(v, allowed)[0] for k, v in items.items()}
+        if refusal(stored, "value", allowed) is None:
+            kind = "a dict holding objects" if type(value) is dict else \
+                f"a {type(value).__module__}.{type(value).__qualname__}"
+            return stored, f"{kind}, stored as a dict (objects by name or repr)"
+    if type(value) in (list, tuple):
+        return type(value)(stored_form(v, allowed)[0] for v in value), f"a {type(value).__name__} holding objects"
+    return _short_repr(value), f"a {type(value).__module__}.{type(value).__qualname__} instance, stored as its repr"
+
+
+def _partial_form(value: functools.partial, allowed: dict[int, Any]) -> Any:
+    target = import_path(value.func)
+    arguments = [*value.args, *value.keywords.values()]
+    safe = all(refusal(a, "argument", allowed) is None for a in arguments) and all(
+        isinstance(k, str) and not k.startswith("_") for k in value.keywords)
+    if target is None or not safe:
+        return _short_repr(value)
+    form: dict[str, Any] = {"_target_": target, "_partial_": True}
+    if value.args:
+        form["_args_"] = list(value.args)
+    return {**form, **value.keywords}
+
+
+def stored_forms(hparams: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """(the hparams as a checkpoint stores them, {key: what it held} for the keys that need passing again)."""
+    allowed = allowed_globals()
+    stored: dict[str, Any] = {}
+    replaced: dict[str, str] = {}
+    for key, value in hparams.items():
+        stored[key], what = stored_form(value, allowed)
+        if what is not None:
+            replaced[str(key)] = what
+    return stored, replaced
+
+
+def rebuild_arguments(cls: type, saved: Mapping[str, Any], replaced: Mapping[str, str],
+                      overrides: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The keyword arguments to rebuild `cls` from saved hparams: a replaced key is left to the caller's
+    override, or to `cls`'s default when that default is stored the same way; returns (arguments, still missing)."""
+    arguments = {k: v for k, v in saved.items() if k not in replaced}
+    defaults = _defaults(cls)
+    missing: dict[str, str] = {}
+    for key, what in replaced.items():
+        if key in overrides:
+            continue
+        default = defaults.get(key, inspect.Parameter.empty)
+        by_name = isinstance(default, functools.partial) or inspect.isclass(default) or inspect.isroutine(default)
+        if by_name and stored_form(default)[0] == saved.get(key):
+            continue  # the default is what was saved (the same class or function): __init__ uses it
+        missing[key] = what
+    arguments.update(overrides)
+    return arguments, missing
+
+
+def _defaults(cls: type) -> dict[str, Any]:
+    try:
+        parameters = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
