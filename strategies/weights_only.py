@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import io
 import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -96,7 +96,7 @@ class StandIn:
 
     def __new__(cls, *args: Any, **kwargs: Any) -> StandIn:
         obj = super().__new__(cls)
-        obj.args = args  # type: ignore[attr-defined]
+        obj.args = args
         return obj
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -155,7 +155,7 @@ def load_with_stand_ins(source: Path | bytes, map_location: Any, mapped: Mapping
     """
     names = _unsafe_globals(source)[:limit]
     mapped = mapped or {}
-    entries: list[Iterable[Any]] = [(mapped.get(name) or _stand_in_for(name), name) for name in names]
+    entries: list[Any] = [(mapped.get(name) or _stand_in_for(name), name) for name in names]
     with safe_globals(entries):
         handle: Any = io.BytesIO(source) if isinstance(source, bytes) else source
         return torch.load(handle, map_location=map_location, weights_only=True)
