@@ -24,7 +24,7 @@ __all__ = ["StandIn", "allowed_globals", "contains_stand_ins", "load_with_stand_
 # Exact types the pickle opcodes hold by value (no global is looked up for them).
 _BY_VALUE = frozenset({str, bytes, int, float, bool, type(None)})
 # torch values whose reduction names only allowlisted globals (dtypes, torch.device, torch.Size, layouts).
-_TORCH_VALUES = (torch.dtype, torch.device, torch.Size, torch.layout)
+_LEAVES = (torch.Tensor, torch.dtype, torch.device, torch.Size, torch.layout)
 # Lightning's dict subclasses in its checkpoints' hyperparameters: read as plain dicts (their items load as usual).
 LIGHTNING_MARKER = b"pytorch-lightning_version"
 LIGHTNING_DICTS = {name: dict for name in (
@@ -53,36 +53,49 @@ def refusal(value: Any, path: str = "checkpoint", allowed: dict[int, Any] | None
     other object is allowed when its class (or, for a class or function stored as a value, the object itself)
     is on torch's allowlist, and then its contents are walked too.
     """
-    allowed = allowed_globals() if allowed is None else allowed
-    kind = type(value)
-    if kind in _BY_VALUE or isinstance(value, (torch.Tensor, *_TORCH_VALUES)):
+    found = _find(value, allowed_globals() if allowed is None else allowed)
+    if found is None:
         return None
-    if kind in (dict, list, tuple):
-        return _refusal_of_items(value, path, allowed)
+    keys, what = found
+    return f"{path}{''.join(reversed(keys))} holds {what}"
+
+
+def _find(value: Any, allowed: dict[int, Any]) -> tuple[list[str], str] | None:
+    """(the key path, innermost first, and what is refused there) or None; the path is built only on failure."""
+    kind = type(value)
+    if kind in _BY_VALUE or isinstance(value, _LEAVES):
+        return None
+    if kind is dict or kind is list or kind is tuple:
+        return _find_in_items(value, allowed)
     if isinstance(value, type) or callable(value) and hasattr(value, "__qualname__"):  # pickled by reference
         if id(value) in allowed:
             return None
-        return f"{path} holds {_global_name(value)} (a {'class' if isinstance(value, type) else 'function'})"
+        return [], f"{_global_name(value)} (a {'class' if isinstance(value, type) else 'function'})"
     if id(kind) not in allowed:
-        return f"{path} holds a {_global_name(kind)}"
-    return _refusal_of_items(value, path, allowed)
+        return [], f"a {_global_name(kind)}"
+    if not isinstance(value, (Mapping, list, tuple, set)):
+        state = getattr(value, "__dict__", None)  # an allowlisted class is rebuilt from its __dict__ (pickle's BUILD)
+        return _find_in_items(state, allowed) if isinstance(state, dict) else None
+    return _find_in_items(value, allowed)
 
 
-def _refusal_of_items(value: Any, path: str, allowed: dict[int, Any]) -> str | None:
+def _find_in_items(value: Any, allowed: dict[int, Any]) -> tuple[list[str], str] | None:
     if isinstance(value, Mapping):
         for key, item in value.items():
-            found = refusal(key, f"{path} key {key!r}", allowed) or refusal(item, f"{path}[{key!r}]", allowed)
-            if found:
+            found = _find(key, allowed)
+            if found is not None:
+                return [f" key {key!r}"], found[1]
+            found = _find(item, allowed)
+            if found is not None:
+                found[0].append(f"[{key!r}]")
                 return found
         return None
-    if isinstance(value, (list, tuple, set)):
-        for idx, item in enumerate(value):
-            found = refusal(item, f"{path}[{idx}]", allowed)
-            if found:
-                return found
-        return None
-    state = getattr(value, "__dict__", None)  # an allowlisted class is rebuilt from its __dict__ (pickle's BUILD)
-    return _refusal_of_items(state, path, allowed) if isinstance(state, dict) else None
+    for idx, item in enumerate(value):
+        found = _find(item, allowed)
+        if found is not None:
+            found[0].append(f"[{idx}]")
+            return found
+    return None
 
 
 class StandIn:
