@@ -132,6 +132,34 @@ def test_nothing_of_the_file_is_imported_or_run(tmp_path: Path):
     assert "the file ran code" not in out.stdout and "hyper_parameters" in out.stdout
 
 
+def _ddp_rank(rank: int) -> dict[str, Any]:
+    restored: dict[str, Any] = {}
+
+    class Probe(Regressor):
+        def on_fit_start(self) -> None:
+            restored["weights"] = {k: v.clone() for k, v in self.state_dict().items()}
+            restored["lr"] = self.trainer.optimizers[0].param_groups[0]["lr"]
+
+    model = Probe()
+    trainer = Trainer(**{**QUIET, "max_epochs": 3, "devices": 2, "strategy": "ddp"})
+    _quietly(trainer.fit, model, loader(), ckpt_path=FIXTURE)
+    return {"restored": restored, "seen": [s[:3] for s in model.seen], "end": (trainer.current_epoch,
+            trainer.global_step), "weights": {k: v.clone() for k, v in model.state_dict().items()}}
+
+
+def test_two_ranks_resume_a_lightning_checkpoint_alike():
+    from tests.helpers.dist import run_distributed
+
+    ranks = run_distributed(_ddp_rank, timeout=120)
+    saved = _saved(FIXTURE)
+    for rank in ranks:
+        assert all(torch.equal(rank["restored"]["weights"][k], v) for k, v in saved["state_dict"].items())
+        assert rank["restored"]["lr"] == 0.025
+        # 16 samples, batches of 4 split over 2 ranks: 2 steps per epoch from the saved step 4 on
+        assert rank["seen"] == [(1, 0, 4), (1, 1, 5), (2, 0, 6), (2, 1, 7)] and rank["end"] == (3, 8)
+    assert all(torch.equal(ranks[0]["weights"][k], v) for k, v in ranks[1]["weights"].items())
+
+
 # --- with Lightning itself (skipped where it is not installed) ------------------------------------------------
 @pytest.fixture(scope="module")
 def lightning_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
