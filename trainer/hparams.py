@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import copy
 import inspect
+import types
 from argparse import Namespace
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from torch import nn
 
 from strategies.distributed import rank_zero_warn
 from strategies.exceptions import MisconfigurationError
@@ -37,7 +40,8 @@ class HyperparametersMixin:
         are not in it (Lightning's read-only view)."""
         return copy.deepcopy(self.__dict__.get("_hparams_initial", AttributeDict()))
 
-    def save_hyperparameters(self, *args: Any, ignore: Sequence[str] | str | None = None, logger: bool = True) -> None:
+    def save_hyperparameters(self, *args: Any, ignore: Sequence[str] | str | None = None,
+                             frame: types.FrameType | None = None, logger: bool = True) -> None:
         """Record `__init__` arguments into `self.hparams`, for checkpoints and the loggers.
 
         Values a weights-only load cannot hold (modules, classes, functions, partials, other objects) stay live
@@ -48,6 +52,7 @@ class HyperparametersMixin:
             *args: nothing (all `__init__` arguments), argument names, or one dict / `argparse.Namespace` /
                 mapping to record instead.
             ignore: argument name(s) to leave out, also removing them if a base class recorded them.
+            frame: read the arguments of this frame's function instead of this object's `__init__` frames.
             logger: False keeps these hyperparameters from the loggers (they are still checkpointed).
 
         Example::
@@ -58,7 +63,7 @@ class HyperparametersMixin:
                 self.backbone = backbone
         """
         ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
-        values = self._chosen_hyperparameters(args)
+        values = self._chosen_hyperparameters(args, frame)
         hparams = self.hparams
         hparams.update({k: v for k, v in values.items() if k not in ignored})
         for key in ignored:
@@ -68,9 +73,10 @@ class HyperparametersMixin:
         stored, replaced = stored_forms(hparams)
         _, needed = rebuild_arguments(type(self), stored, replaced, {})  # a default class or function is found again
         if needed:
-            _warn_replaced(type(self).__name__, needed)
+            modules = [key for key in needed if isinstance(hparams[key], nn.Module)]
+            _warn_replaced(type(self).__name__, needed, modules)
 
-    def _chosen_hyperparameters(self, args: tuple[Any, ...]) -> dict[str, Any]:
+    def _chosen_hyperparameters(self, args: tuple[Any, ...], frame: types.FrameType | None) -> dict[str, Any]:
         names = [a for a in args if isinstance(a, str)]
         given = [a for a in args if not isinstance(a, str)]
         if len(given) == 1 and not names:
@@ -83,7 +89,7 @@ class HyperparametersMixin:
             raise MisconfigurationError(
                 f"save_hyperparameters{args!r}: pass argument names (str), or one dict / argparse.Namespace."
             )
-        values = self._init_arguments()
+        values = _arguments_of(frame) if frame is not None else self._init_arguments()
         missing = [a for a in names if a not in values]
         if missing:
             raise MisconfigurationError(f"save_hyperparameters{args}: {missing} are not __init__ arguments.")
@@ -95,24 +101,31 @@ class HyperparametersMixin:
         values: dict[str, Any] = {}
         while frame is not None:
             if frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is self:
-                info = inspect.getargvalues(frame)
-                for arg in info.args[1:]:
-                    values.setdefault(arg, info.locals[arg])
-                if info.keywords and isinstance(info.locals.get(info.keywords), dict):
-                    for k, v in info.locals[info.keywords].items():
-                        values.setdefault(k, v)
+                for key, value in _arguments_of(frame).items():
+                    values.setdefault(key, value)
             frame = frame.f_back
         return values
 
 
-def _warn_replaced(owner: str, replaced: dict[str, str]) -> None:
+def _arguments_of(frame: types.FrameType) -> dict[str, Any]:
+    """The named arguments (and **kwargs entries) of the function running in `frame`, `self`/`cls` left out."""
+    info = inspect.getargvalues(frame)
+    values = {arg: info.locals[arg] for arg in info.args if arg not in ("self", "cls") and arg in info.locals}
+    if info.keywords and isinstance(info.locals.get(info.keywords), dict):
+        for key, value in info.locals[info.keywords].items():
+            values.setdefault(key, value)
+    return values
+
+
+def _warn_replaced(owner: str, replaced: dict[str, str], modules: list[str]) -> None:
     listed = "; ".join(f"{key!r}: {what}" for key, what in replaced.items())
     keys = ", ".join(f"{key}=..." for key in replaced)
+    advice = (f" An nn.Module argument's weights are in the state_dict anyway: leave it out with "
+              f"save_hyperparameters(ignore={modules!r}).") if modules else ""
     rank_zero_warn(
         f"{owner}.save_hyperparameters(): {len(replaced)} value(s) cannot be stored in a weights-only checkpoint "
         f"({listed}). self.hparams keeps them; checkpoints record their import path or repr and never pickle "
-        f"them, so {owner}.load_from_checkpoint(path, {keys}) needs them passed again. An nn.Module argument's "
-        "weights are in the state_dict anyway: leave it out with save_hyperparameters(ignore=[...]).",
+        f"them, so {owner}.load_from_checkpoint(path, {keys}) needs them passed again.{advice}",
         stacklevel=5,  # the user's __init__ (rank_zero_warn is wrapped by rank_zero_only)
     )
 

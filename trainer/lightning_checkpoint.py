@@ -9,7 +9,7 @@ a class among the hyperparameters) arrive as StandIns and are reported, never ru
 | `state_dict`, `optimizer_states`, `lr_schedulers` | the same entries (the same torch state dicts) |
 | `hyper_parameters` | `hparams` (values the safe loader refused: `hparams_replaced`, to be passed again) |
 | `epoch`, `global_step`, `loops["fit_loop"]` progress | `progress`: the epoch and batch to continue at |
-| `MixedPrecision` (the GradScaler state) | `precision` |
+| `MixedPrecision` (the GradScaler state) | `precision["scaler"]` |
 | `datamodule_hyper_parameters` | the same entry |
 | `callbacks`, a DataModule's own state, `loops` beyond the fit position | not taken: named in one warning |
 """
@@ -43,7 +43,7 @@ def from_lightning(checkpoint: Mapping[str, Any], path: str | Path, format_versi
         CheckpointLoadError: the weights, optimizer or scheduler states hold something the safe loader refused.
     """
     version = checkpoint.get("pytorch-lightning_version")
-    converted: dict[str, Any] = {"format_version": format_version, "state_dict": checkpoint.get("state_dict")}
+    converted: dict[str, Any] = {"format_version": format_version}
     for key in ("state_dict", *_SAME):
         refused = contains_stand_ins(checkpoint.get(key))
         if refused:
@@ -60,7 +60,7 @@ def from_lightning(checkpoint: Mapping[str, Any], path: str | Path, format_versi
         converted["loops"], converted["rng"] = [{} for _ in range(world_size)], [None] * world_size
     for key, value in checkpoint.items():
         if key in _PRECISION_KEYS and isinstance(value, Mapping):
-            converted["precision"] = dict(value)
+            converted["precision"] = {"scaler": dict(value)} if value else {}  # Lightning saves the scaler's dict
         elif key not in _METADATA and key not in converted:
             not_taken.append(_describe(key, value))
     if not_taken:

@@ -57,7 +57,7 @@ def test_objects_are_reported_once_when_save_hyperparameters_is_called_not_at_th
     assert "'lr'" not in messages[0]
     assert "WithObjects.load_from_checkpoint(path, backbone=..., activation=..., init=..., optimizer=...)" \
         in messages[0]
-    assert "ignore=[...]" in messages[0]  # Lightning's advice for an nn.Module argument
+    assert "save_hyperparameters(ignore=['backbone'])" in messages[0]  # Lightning's advice for an nn.Module
 
 
 def test_a_class_or_function_that_is_the_init_default_needs_no_warning():
@@ -144,6 +144,22 @@ def test_ignore_leaves_the_argument_out_and_silences_the_warning(tmp_path: Path)
     assert saved["hparams"] == {"lr": 0.1} and "hparams_replaced" not in saved
 
 
+def test_the_arguments_of_a_given_frame_are_recorded():
+    import inspect
+
+    class Built(TrainModule):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__()
+
+        @classmethod
+        def build(cls, depth: int = 2, width: int = 8) -> Built:
+            model = cls()
+            model.save_hyperparameters(frame=inspect.currentframe())
+            return model
+
+    assert Built.build(depth=3).hparams == {"depth": 3, "width": 8}
+
+
 def test_ignore_removes_what_a_base_class_recorded():
     class Base(TrainModule):
         def __init__(self, secret: str = "s", lr: float = 0.1) -> None:
@@ -211,6 +227,17 @@ def test_datamodule_save_hyperparameters_fills_hparams_and_the_checkpoint(tmp_pa
     assert data.hparams_initial == {"batch_size": 8, "name": "random"}
     saved = _fit_and_save(BoringModel(), tmp_path / "m.ckpt", datamodule=data)
     assert saved["datamodule_hyper_parameters"] == {"batch_size": 8, "name": "random"}  # Lightning's key
+
+
+def test_a_datamodule_argument_stored_by_repr_is_reported_without_the_module_advice():
+    class Holding(DataModule):
+        def __init__(self, transform: Any = None) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+
+    _, messages = _built_with_warnings(lambda: Holding(transform=lambda x: x))
+    assert len(messages) == 1 and "Holding.load_from_checkpoint(path, transform=...)" in messages[0]
+    assert "nn.Module" not in messages[0]
 
 
 def test_datamodule_hparams_reach_the_loggers():

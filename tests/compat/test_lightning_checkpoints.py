@@ -104,6 +104,21 @@ def test_fit_resumes_at_the_saved_epoch_step_optimizer_and_scheduler_state():
     assert (trainer.current_epoch, trainer.global_step) == (3, 3 * BATCHES_PER_EPOCH)
 
 
+def test_the_grad_scaler_state_of_16_mixed_is_taken(tmp_path: Path):
+    path = tmp_path / "amp.ckpt"
+    scaler = {"scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000,
+              "_growth_tracker": 7}
+    torch.save({**_saved(FIXTURE), "MixedPrecision": scaler, "hyper_parameters": {"hidden": 8}}, path)
+    restored: dict[str, Any] = {}
+
+    class Probe(Regressor):
+        def on_fit_start(self) -> None:
+            restored.update(self.trainer.strategy.precision.state_dict())
+
+    _quietly(Trainer(**{**QUIET, "max_epochs": 2, "precision": "16-mixed"}).fit, Probe(), loader(), ckpt_path=path)
+    assert restored["scaler"]["scale"] == 1024.0 and restored["scaler"]["_growth_tracker"] == 7
+
+
 def test_a_class_the_safe_loader_refuses_in_the_weights_is_an_error_naming_it(tmp_path: Path):
     path = tmp_path / "odd.ckpt"
     torch.save({"pytorch-lightning_version": "2.6.6", "epoch": 0, "global_step": 0,
