@@ -11,12 +11,13 @@ from strategies.checkpoint_io import safe_load
 from strategies.exceptions import CheckpointLoadError, CheckpointSaveError
 from strategies.weights_only import refusal
 from trainer.checkpoint_contents import check_contents, check_resumable
-from trainer.hparams_forms import rebuild_arguments, stored_forms
+from trainer.hparams_forms import read_hparams_file, rebuild_arguments, stored_forms
 from trainer.lightning_checkpoint import from_lightning, is_lightning_checkpoint
 from trainer.resume import checkpoint_position, plan_resume
 
 if TYPE_CHECKING:
     from strategies.base import Strategy
+    from trainer.datamodule import DataModule
     from trainer.fit_state import FitState
     from trainer.module import TrainModule
 
@@ -174,27 +175,40 @@ def restore_training_state(loop: FitState, checkpoint: Mapping[str, Any], path: 
         trainer.datamodule.load_state_dict(checkpoint["datamodule"])
 
 
-def load_module_from_checkpoint(
-    cls: type[TrainModule], path: str | Path, map_location: Any, strict: bool, overrides: dict[str, Any]
-) -> TrainModule:
-    checkpoint = _adopt_foreign(safe_load(path, map_location=map_location or "cpu"), path, 1)
-    _check_format(checkpoint, path)
-    hparams, missing = rebuild_arguments(cls, checkpoint.get("hparams", {}), checkpoint.get("hparams_replaced", {}),
-                                         overrides)
+def _rebuild_arguments(cls: type, checkpoint: Mapping[str, Any], key: str, path: str | Path,
+                       hparams_file: str | Path | None, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The saved hparams under `key`, updated from `hparams_file` and `overrides`; the keys stored by name only
+    must come from those (or be the __init__ default's class or function)."""
+    given = {**(read_hparams_file(hparams_file) if hparams_file is not None else {}), **overrides}
+    replaced = checkpoint.get("hparams_replaced", {}) if key == "hparams" else {}
+    hparams, missing = rebuild_arguments(cls, checkpoint.get(key, {}), replaced, given)
     if missing:
-        listed = "; ".join(f"{key!r} ({what})" for key, what in missing.items())
+        listed = "; ".join(f"{name!r} ({what})" for name, what in missing.items())
         raise CheckpointLoadError(
             f"cannot rebuild {cls.__name__} from {path}: save_hyperparameters() received values a weights-only "
             f"checkpoint cannot hold, so they were stored by name only: {listed}. Pass them again: "
             f"{cls.__name__}.load_from_checkpoint(path, {', '.join(f'{k}=...' for k in missing)})."
         )
+    return hparams
+
+
+def _instantiate(cls: type, hparams: dict[str, Any], path: str | Path) -> Any:
     try:
-        module = cls(**hparams)
+        return cls(**hparams)
     except TypeError as err:
         raise CheckpointLoadError(
             f"cannot rebuild {cls.__name__} from the hparams saved in {path} ({sorted(hparams)}): {err}. "
             "Call self.save_hyperparameters() in __init__, or pass the missing arguments as keyword overrides."
         ) from err
+
+
+def load_module_from_checkpoint(
+    cls: type[TrainModule], path: str | Path, map_location: Any, strict: bool, overrides: dict[str, Any],
+    hparams_file: str | Path | None = None,
+) -> TrainModule:
+    checkpoint = _adopt_foreign(safe_load(path, map_location=map_location or "cpu"), path, 1)
+    _check_format(checkpoint, path)
+    module = _instantiate(cls, _rebuild_arguments(cls, checkpoint, "hparams", path, hparams_file, overrides), path)
     try:
         module.load_state_dict(checkpoint["state_dict"], strict=strict)
     except RuntimeError as err:
@@ -203,3 +217,15 @@ def load_module_from_checkpoint(
         raise CheckpointLoadError(f"{path} does not match {cls.__name__}: {diff or err}.{hint}") from err
     module.on_load_checkpoint(checkpoint)
     return module
+
+
+def load_datamodule_from_checkpoint(cls: type[DataModule], path: str | Path, map_location: Any,
+                                    hparams_file: str | Path | None, overrides: dict[str, Any]) -> DataModule:
+    """A DataModule rebuilt from `datamodule_hyper_parameters`, with the state its `state_dict()` saved."""
+    checkpoint = _adopt_foreign(safe_load(path, map_location=map_location or "cpu"), path, 1)
+    _check_format(checkpoint, path)
+    hparams = _rebuild_arguments(cls, checkpoint, "datamodule_hyper_parameters", path, hparams_file, overrides)
+    datamodule = _instantiate(cls, hparams, path)
+    if "datamodule" in checkpoint:
+        datamodule.load_state_dict(checkpoint["datamodule"])
+    return datamodule

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from trainer.data_hooks import DataHooks
@@ -30,3 +31,12 @@ class DataModule(HyperparametersMixin, DataHooks):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what state_dict returned."""
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: str | Path, map_location: Any = None,
+                             hparams_file: str | Path | None = None, **overrides: Any) -> DataModule:
+        """Rebuild the DataModule from the `datamodule_hyper_parameters` of a checkpoint (plus `hparams_file` and
+        `overrides`, as in Lightning), then restore what its `state_dict()` saved."""
+        from trainer.checkpoint import load_datamodule_from_checkpoint
+
+        return load_datamodule_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, overrides)

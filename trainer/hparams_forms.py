@@ -10,13 +10,18 @@ expected an object. Nothing is ever imported from a checkpoint.
 
 from __future__ import annotations
 
+import ast
+import csv
 import functools
 import inspect
+import io
 import sys
 from argparse import Namespace
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+from strategies.exceptions import MisconfigurationError
 from strategies.weights_only import StandIn, allowed_globals, refusal
 
 _REPR_LIMIT = 300
@@ -119,3 +124,29 @@ def _defaults(cls: type) -> dict[str, Any]:
     except (TypeError, ValueError):
         return {}
     return {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+
+
+def read_hparams_file(path: str | Path) -> dict[str, Any]:
+    """Hyperparameters from a `.yaml` (e.g. a logger's `hparams.yaml`) or a `.csv` of `key,value` rows with a
+    header, as Lightning's `load_from_checkpoint(hparams_file=...)` reads them (plain values only: YAML's safe
+    loader, Python literals in the CSV)."""
+    path = Path(path)
+    text = path.read_text()
+    if path.suffix.lower() == ".csv":
+        rows = list(csv.reader(io.StringIO(text)))[1:]
+        return {row[0]: _literal(row[1]) for row in rows if len(row) >= 2}
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        raise MisconfigurationError(f"hparams_file={str(path)!r}: use a .yaml, .yml or .csv file.")
+    import yaml  # PyYAML, installed with omegaconf; imported only here
+
+    loaded = yaml.safe_load(text) or {}
+    if not isinstance(loaded, dict):
+        raise MisconfigurationError(f"hparams_file={str(path)!r} holds a {type(loaded).__name__}, not a mapping.")
+    return loaded
+
+
+def _literal(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text

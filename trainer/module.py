@@ -336,9 +336,19 @@ class TrainModule(HyperparametersMixin, DataHooks, nn.Module):
     # --- checkpoints -----------------------------------------------------------------------------
     @classmethod
     def load_from_checkpoint(
-        cls, checkpoint_path: str | Path, map_location: Any = None, strict: bool = True, **overrides: Any
+        cls, checkpoint_path: str | Path, map_location: Any = None, hparams_file: str | Path | None = None,
+        strict: bool | None = None, **overrides: Any
     ) -> TrainModule:
-        """Rebuild the module from a checkpoint's saved hparams (plus overrides) and load its weights."""
+        """Rebuild the module from a checkpoint's saved hparams and load its weights (a Lightning 2.x file too).
+
+        Args:
+            checkpoint_path: a checkpoint file (path or URL).
+            map_location: where to load tensors (default: the CPU).
+            hparams_file: a `.yaml` or `.csv` whose values update the saved hparams (Lightning's argument).
+            strict: match the weights' keys exactly (None means True, as in Lightning).
+            **overrides: `__init__` arguments replacing saved ones; those stored by name only must come here.
+        """
         from trainer.checkpoint import load_module_from_checkpoint
 
-        return load_module_from_checkpoint(cls, checkpoint_path, map_location, strict, overrides)
+        return load_module_from_checkpoint(cls, checkpoint_path, map_location, strict is not False, overrides,
+                                           hparams_file)

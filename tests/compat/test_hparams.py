@@ -240,6 +240,22 @@ def test_a_datamodule_argument_stored_by_repr_is_reported_without_the_module_adv
     assert "nn.Module" not in messages[0]
 
 
+def test_datamodule_load_from_checkpoint_rebuilds_it_from_its_saved_hyperparameters(tmp_path: Path):
+    _fit_and_save(BoringModel(), tmp_path / "m.ckpt", datamodule=Data(batch_size=8, name="saved"))
+    assert Data.load_from_checkpoint(tmp_path / "m.ckpt").hparams == {"batch_size": 8, "name": "saved"}
+    assert Data.load_from_checkpoint(tmp_path / "m.ckpt", batch_size=2).hparams.batch_size == 2
+
+
+def test_load_from_checkpoint_takes_an_hparams_file_over_the_saved_values(tmp_path: Path):
+    _fit_and_save(Plain(8), tmp_path / "m.ckpt")
+    (tmp_path / "hparams.yaml").write_text("width: 6\nscale: 2.5\n")
+    (tmp_path / "hparams.csv").write_text("key,value\nwidth,5\n")
+    assert Plain.load_from_checkpoint(tmp_path / "m.ckpt", hparams_file=tmp_path / "hparams.yaml").hparams == {
+        "width": 6, "tags": ("a",), "scale": 2.5}
+    assert Plain.load_from_checkpoint(tmp_path / "m.ckpt", None, tmp_path / "hparams.csv", width=7).hparams.width == 7
+    assert Plain.load_from_checkpoint(tmp_path / "m.ckpt", hparams_file=tmp_path / "hparams.csv").hparams.width == 5
+
+
 def test_datamodule_hparams_reach_the_loggers():
     from tests.trainer.test_logging import MemoryLogger
 
