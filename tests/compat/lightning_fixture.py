@@ -59,6 +59,9 @@ def lightning_module_class() -> type:
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             return loss_of(self.net, batch)
 
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("val_loss", loss_of(self.net, batch))
+
         def configure_optimizers(self) -> Any:
             return optimizers_of(self, self.hparams.lr)
 

@@ -188,11 +188,25 @@ def lightning_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]
     every_epoch = ModelCheckpoint(dirpath=root / "epochs", save_top_k=-1, filename="{epoch}")
     mid_epoch = ModelCheckpoint(dirpath=root / "steps", save_top_k=-1, every_n_train_steps=6, filename="{step}")
     weights = ModelCheckpoint(dirpath=root / "weights", save_weights_only=True, filename="w", every_n_epochs=2)
-    trainer = lightning_trainer(root, 2, callbacks=[every_epoch, mid_epoch, weights])
-    _quietly(trainer.fit, lit(), loader())
+    after_validation = ModelCheckpoint(dirpath=root / "val", monitor="val_loss", save_top_k=-1, filename="{epoch}",
+                                       save_on_train_epoch_end=False)  # saved in on_validation_end, inside the epoch
+    trainer = lightning_trainer(root, 2, callbacks=[every_epoch, mid_epoch, weights, after_validation])
+    _quietly(trainer.fit, lit(), loader(), loader())
     trainer.save_checkpoint(root / "after_fit.ckpt")
     return {"epoch_end": root / "epochs" / "epoch=0.ckpt", "mid_epoch": root / "steps" / "step=6.ckpt",
+            "validation_end": root / "val" / "epoch=0.ckpt",
             "after_fit": root / "after_fit.ckpt", "weights_only": root / "weights" / "w.ckpt"}
+
+
+@pytest.fixture(scope="module")
+def lightning_uninterrupted(lightning_files: dict[str, Path], tmp_path_factory: pytest.TempPathFactory,
+                            ) -> dict[str, torch.Tensor]:
+    """The weights of Lightning's own 3-epoch run that never stopped: what every resume must reach."""
+    from tests.compat.lightning_fixture import lightning_module_class, lightning_trainer
+
+    model = lightning_module_class()()
+    _quietly(lightning_trainer(tmp_path_factory.mktemp("uninterrupted"), 3).fit, model, loader())
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def _lightning_resume(ckpt: Path, root: Path) -> dict[str, torch.Tensor]:
@@ -205,9 +219,16 @@ def _lightning_resume(ckpt: Path, root: Path) -> dict[str, torch.Tensor]:
     return {k: v.detach() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.parametrize("source", ["fixture", "epoch_end", "validation_end"])
+def test_resuming_a_lightning_checkpoint_trains_what_the_uninterrupted_lightning_run_trained(
+        lightning_files: dict[str, Path], lightning_uninterrupted: dict[str, torch.Tensor], source: str):
+    model, _ = _resume(FIXTURE if source == "fixture" else lightning_files[source])
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in lightning_uninterrupted.items())
+
+
 @pytest.mark.parametrize("source", ["fixture", "epoch_end"])
-def test_resuming_a_lightning_checkpoint_trains_what_lightning_trains(lightning_files: dict[str, Path],
-                                                                      tmp_path: Path, source: str):
+def test_resuming_a_lightning_checkpoint_trains_what_lightning_resumed_trains(
+        lightning_files: dict[str, Path], tmp_path: Path, source: str):
     ckpt = FIXTURE if source == "fixture" else lightning_files[source]
     expected = _lightning_resume(ckpt, tmp_path)
     model, _ = _resume(ckpt)
