@@ -44,14 +44,15 @@ def from_lightning(checkpoint: Mapping[str, Any], path: str | Path, format_versi
     """
     version = checkpoint.get("pytorch-lightning_version")
     converted: dict[str, Any] = {"format_version": format_version}
-    for key in ("state_dict", *_SAME):
+    precision_keys = [key for key in _PRECISION_KEYS if key in checkpoint]
+    for key in ("state_dict", *_SAME, *precision_keys):
         refused = contains_stand_ins(checkpoint.get(key))
         if refused:
             raise CheckpointLoadError(
                 f"checkpoint {path} (PyTorch Lightning {version}): its {key!r} holds {', '.join(refused)}, which "
                 "the safe (weights-only) loader refuses; it cannot be taken, and is never loaded unsafely."
             )
-        if key in checkpoint:
+        if key in checkpoint and key not in precision_keys:
             converted[key] = checkpoint[key]
     not_taken: list[str] = []
     _take_hparams(checkpoint, converted, not_taken)
@@ -115,7 +116,7 @@ def _progress(checkpoint: Mapping[str, Any], not_taken: list[str]) -> tuple[dict
         started = completed = epoch if isinstance(epoch, int) else 0
     epoch, within = completed, 0
     if started > completed:  # an epoch was open when Lightning saved
-        if batches.get("is_last_batch"):  # its batches were all done (and its non-plateau schedulers stepped)
+        if batches.get("is_last_batch") is True:  # its batches were all done (and its non-plateau schedulers stepped)
             epoch = completed + 1
         else:
             within = done

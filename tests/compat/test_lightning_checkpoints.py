@@ -127,6 +127,27 @@ def test_a_class_the_safe_loader_refuses_in_the_weights_is_an_error_naming_it(tm
         Regressor.load_from_checkpoint(path)
 
 
+def test_a_dictconfig_among_the_hyperparameters_is_named_and_the_rest_is_taken(tmp_path: Path):
+    from omegaconf import OmegaConf
+
+    path = tmp_path / "hydra.ckpt"
+    saved = _saved(FIXTURE)
+    torch.save({**saved, "hyper_parameters": {"hidden": 8, "options": OmegaConf.create({"depth": 2})}}, path)
+    taken = r"Not taken: hyper_parameters\['options'\]: a omegaconf.dictconfig.DictConfig"
+    with pytest.warns(UserWarning, match=taken):
+        model = Regressor.load_from_checkpoint(path, options={"depth": 2})
+    assert model.hparams.hidden == 8 and torch.equal(model.net[0].weight, saved["state_dict"]["net.0.weight"])
+
+
+def test_a_file_of_ours_naming_lightning_in_a_value_gets_no_stand_ins(tmp_path: Path):
+    path = tmp_path / "ours.ckpt"
+    torch.save({"format_version": 1, "state_dict": {}, "hparams": {"note": "pytorch-lightning_version",
+                                                                   "ns": argparse.Namespace(a=1)}}, path)
+    with pytest.raises(CheckpointLoadError, match=r"refused by the safe \(weights-only\) loader: it references "
+                                                  r"argparse.Namespace"):
+        Regressor.load_from_checkpoint(path)
+
+
 def test_nothing_of_the_file_is_imported_or_run(tmp_path: Path):
     """A Lightning-marked file naming a function with side effects: the stand-in never calls it."""
     path = tmp_path / "evil.ckpt"
