@@ -11,6 +11,7 @@ from strategies.checkpoint_io import safe_load
 from strategies.exceptions import CheckpointLoadError, CheckpointSaveError
 from strategies.weights_only import refusal
 from trainer.checkpoint_contents import check_contents, check_resumable
+from trainer.hparams import hparams_entries
 from trainer.hparams_forms import read_hparams_file, rebuild_arguments, stored_forms
 from trainer.lightning_checkpoint import from_lightning, is_lightning_checkpoint
 from trainer.resume import checkpoint_position, plan_resume
@@ -48,7 +49,6 @@ def dump_checkpoint(loop: FitState, weights_only: bool = False) -> dict[str, Any
     per_rank = s.all_gather_object(saved.loop)
     progress = saved.progress
     callbacks = saved.callbacks
-    hparams, replaced = stored_forms(getattr(module, "hparams", {}))
     if callbacks is None:
         callbacks = {cb.state_key: state for cb in trainer.callbacks if (state := cb.state_dict())}
     checkpoint: dict[str, Any] = {
@@ -60,15 +60,13 @@ def dump_checkpoint(loop: FitState, weights_only: bool = False) -> dict[str, Any
         "progress": progress,
         "epoch": progress["current_epoch"],
         "global_step": progress["global_step"],
-        "hparams": hparams,
+        **hparams_entries(module),
         "callbacks": callbacks,
         "metrics": saved.metrics if saved.metrics is not None else loop.metrics.state_dict(),
         "rng": [state.pop("rng") for state in per_rank],
         "loops": per_rank,
         "world_size": s.world_size,
     }
-    if replaced:
-        checkpoint["hparams_replaced"] = replaced  # load_from_checkpoint asks for these (trainer/hparams_forms.py)
     datamodule = trainer.datamodule
     datamodule_state = datamodule.state_dict() if datamodule is not None else {}
     if datamodule_state:
@@ -179,9 +177,12 @@ def _rebuild_arguments(cls: type, checkpoint: Mapping[str, Any], key: str, path:
                        hparams_file: str | Path | None, overrides: dict[str, Any]) -> dict[str, Any]:
     """The saved hparams under `key`, updated from `hparams_file` and `overrides`; the keys stored by name only
     must come from those (or be the __init__ default's class or function)."""
-    given = {**(read_hparams_file(hparams_file) if hparams_file is not None else {}), **overrides}
-    replaced = checkpoint.get("hparams_replaced", {}) if key == "hparams" else {}
-    hparams, missing = rebuild_arguments(cls, checkpoint.get(key, {}), replaced, given)
+    from_file = read_hparams_file(hparams_file) if hparams_file is not None else {}
+    saved = {**checkpoint.get(key, {}), **from_file}  # Lightning: the file updates the saved hparams
+    replaced = {name: what for name, what in checkpoint.get("hparams_replaced", {}).items()
+                if name not in from_file} if key == "hparams" else {}
+    config_name = checkpoint.get("hparams_name") if key == "hparams" else None
+    hparams, missing = rebuild_arguments(cls, saved, replaced, overrides, config_name)
     if missing:
         listed = "; ".join(f"{name!r} ({what})" for name, what in missing.items())
         raise CheckpointLoadError(

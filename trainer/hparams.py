@@ -63,37 +63,40 @@ class HyperparametersMixin:
                 self.backbone = backbone
         """
         ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
-        values = self._chosen_hyperparameters(args, frame)
+        values, config_name = self._chosen_hyperparameters(args, frame)
         hparams = self.hparams
         hparams.update({k: v for k, v in values.items() if k not in ignored})
         for key in ignored:
             hparams.pop(key, None)
         self.__dict__["_hparams_initial"] = _frozen_copy(hparams)
         self.__dict__["_hparams_to_log"] = logger
+        self.__dict__["_hparams_name"] = config_name
         stored, replaced = stored_forms(hparams)
-        _, needed = rebuild_arguments(type(self), stored, replaced, {})  # a default class or function is found again
+        # what load_from_checkpoint would ask for (a default class or function is found again by name)
+        _, needed = rebuild_arguments(type(self), stored, replaced, {}, config_name)
         if needed:
-            modules = [key for key in needed if isinstance(hparams[key], nn.Module)]
+            modules = [key for key in needed if isinstance(hparams.get(key), nn.Module)]
             _warn_replaced(type(self).__name__, needed, modules)
 
-    def _chosen_hyperparameters(self, args: tuple[Any, ...], frame: types.FrameType | None) -> dict[str, Any]:
+    def _chosen_hyperparameters(self, args: tuple[Any, ...], frame: types.FrameType | None,
+                                ) -> tuple[dict[str, Any], str | None]:
+        """(the values to record, the __init__ argument they all came from as one object, if any)."""
         names = [a for a in args if isinstance(a, str)]
         given = [a for a in args if not isinstance(a, str)]
-        if len(given) == 1 and not names:
+        values = _arguments_of(frame) if frame is not None else self._init_arguments()
+        if len(given) == 1 and not names and isinstance(given[0], (Namespace, Mapping)):
             single = given[0]
-            if isinstance(single, Namespace):
-                return dict(vars(single))
-            if isinstance(single, Mapping):
-                return dict(single)
+            # Lightning's hparams_name: load_from_checkpoint passes the saved dict back as this one argument
+            config_name = next((name for name, value in values.items() if value is single), None)
+            return dict(vars(single) if isinstance(single, Namespace) else single), config_name
         if given:
             raise MisconfigurationError(
                 f"save_hyperparameters{args!r}: pass argument names (str), or one dict / argparse.Namespace."
             )
-        values = _arguments_of(frame) if frame is not None else self._init_arguments()
         missing = [a for a in names if a not in values]
         if missing:
             raise MisconfigurationError(f"save_hyperparameters{args}: {missing} are not __init__ arguments.")
-        return {k: values[k] for k in names} if names else values
+        return ({k: values[k] for k in names} if names else values), None
 
     def _init_arguments(self) -> dict[str, Any]:
         """Find the frames of this object's __init__ (subclass first) and read their arguments."""
@@ -105,6 +108,19 @@ class HyperparametersMixin:
                     values.setdefault(key, value)
             frame = frame.f_back
         return values
+
+
+def hparams_entries(owner: Any) -> dict[str, Any]:
+    """A module's checkpoint entries for its hyperparameters: `hparams` in their stored form, `hparams_replaced`
+    (the keys stored by name or repr) and Lightning's `hparams_name` (the one config argument) when they apply."""
+    stored, replaced = stored_forms(getattr(owner, "hparams", {}))
+    entries: dict[str, Any] = {"hparams": stored}
+    if replaced:
+        entries["hparams_replaced"] = replaced  # load_from_checkpoint asks for these
+    config_name = getattr(owner, "__dict__", {}).get("_hparams_name")
+    if isinstance(config_name, str):
+        entries["hparams_name"] = config_name
+    return entries
 
 
 def _arguments_of(frame: types.FrameType) -> dict[str, Any]:

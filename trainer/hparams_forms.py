@@ -100,9 +100,21 @@ def stored_forms(hparams: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
 
 
 def rebuild_arguments(cls: type, saved: Mapping[str, Any], replaced: Mapping[str, str],
-                      overrides: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+                      overrides: Mapping[str, Any], config_name: str | None = None,
+                      ) -> tuple[dict[str, Any], dict[str, str]]:
     """The keyword arguments to rebuild `cls` from saved hparams: a replaced key is left to the caller's
-    override, or to `cls`'s default when that default is stored the same way; returns (arguments, still missing)."""
+    override, or to `cls`'s default when that default is stored the same way; returns (arguments, still missing).
+
+    `config_name`: the `__init__` argument whose one object (a dict, a Namespace) `save_hyperparameters` recorded
+    (Lightning's `hparams_name`): the saved hparams are then passed as that one argument, as a dict.
+    """
+    if config_name is not None and config_name in _named_parameters(cls):
+        if config_name in overrides:
+            return dict(overrides), {}
+        if replaced:
+            held = "; ".join(f"{key!r}: {what}" for key, what in replaced.items())
+            return {}, {config_name: f"a config holding values stored by name only ({held})"}
+        return {config_name: dict(saved), **overrides}, {}
     arguments = {k: v for k, v in saved.items() if k not in replaced}
     defaults = _defaults(cls)
     missing: dict[str, str] = {}
@@ -116,6 +128,15 @@ def rebuild_arguments(cls: type, saved: Mapping[str, Any], replaced: Mapping[str
         missing[key] = what
     arguments.update(overrides)
     return arguments, missing
+
+
+def _named_parameters(cls: type) -> set[str]:
+    try:
+        parameters = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return set()
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {p.name for p in parameters if p.kind in kinds}
 
 
 def _defaults(cls: type) -> dict[str, Any]:

@@ -56,6 +56,8 @@ def from_lightning(checkpoint: Mapping[str, Any], path: str | Path, format_versi
             converted[key] = checkpoint[key]
     not_taken: list[str] = []
     _take_hparams(checkpoint, converted, not_taken)
+    if isinstance(checkpoint.get("hparams_name"), str):
+        converted["hparams_name"] = checkpoint["hparams_name"]
     converted["progress"], mid_epoch = _progress(checkpoint, not_taken)
     if mid_epoch:  # a position inside an epoch: the next epoch's replay starts there (with this run's order)
         converted["loops"], converted["rng"] = [{} for _ in range(world_size)], [None] * world_size

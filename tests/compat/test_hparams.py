@@ -184,6 +184,31 @@ def test_a_dict_or_namespace_argument_becomes_the_hparams():
     assert FromConfig({"lr": 0.2}).hparams.lr == 0.2
 
 
+class FromConfig(BoringModel):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.save_hyperparameters(config)
+
+
+def test_a_module_given_one_config_is_rebuilt_with_it_as_that_argument(tmp_path: Path):
+    saved = _fit_and_save(FromConfig(argparse.Namespace(lr=0.1, depth=2)), tmp_path / "m.ckpt")
+    assert saved["hparams"] == {"lr": 0.1, "depth": 2} and saved["hparams_name"] == "config"  # Lightning's keys
+    assert FromConfig.load_from_checkpoint(tmp_path / "m.ckpt").hparams == {"lr": 0.1, "depth": 2}
+    (tmp_path / "h.yaml").write_text("depth: 3\n")
+    assert FromConfig.load_from_checkpoint(tmp_path / "m.ckpt", hparams_file=tmp_path / "h.yaml").hparams.depth == 3
+
+
+def test_a_config_holding_objects_must_be_passed_again_as_a_whole(tmp_path: Path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _fit_and_save(FromConfig({"lr": 0.1, "act": nn.Tanh()}), tmp_path / "m.ckpt")
+        with pytest.raises(CheckpointLoadError, match=r"'config' \(a config holding values stored by name only "
+                                                      r"\('act'.*load_from_checkpoint\(path, config=\.\.\.\)"):
+            FromConfig.load_from_checkpoint(tmp_path / "m.ckpt")
+        loaded = FromConfig.load_from_checkpoint(tmp_path / "m.ckpt", config={"lr": 0.2, "act": nn.ReLU()})
+    assert loaded.hparams.lr == 0.2
+
+
 def test_hparams_initial_is_a_copy_of_what_was_recorded():
     model = Plain(8)
     model.hparams.width = 16
