@@ -19,7 +19,8 @@ from typing import Any, ClassVar
 import torch
 from torch.serialization import get_safe_globals, safe_globals
 
-__all__ = ["StandIn", "allowed_globals", "contains_stand_ins", "load_with_stand_ins", "refusal"]
+__all__ = ["LIGHTNING_DICTS", "LIGHTNING_MARKER", "StandIn", "allowed_globals", "contains_stand_ins",
+           "load_with_stand_ins", "pickle_mentions", "refusal"]
 
 # Exact types the pickle opcodes hold by value (no global is looked up for them).
 _BY_VALUE = frozenset({str, bytes, int, float, bool, type(None)})
@@ -36,8 +37,9 @@ def allowed_globals() -> dict[int, Any]:
     """The classes and functions a weights-only load may rebuild, by id: torch's defaults plus user additions."""
     from torch import _weights_only_unpickler as unpickler  # private, but it is the loader's own table
 
-    found: list[Any] = list(unpickler._get_allowed_globals().values())
-    found += list(unpickler._get_user_allowed_globals().values())
+    # getattr: a torch that renames these still has the public get_safe_globals() below
+    found: list[Any] = list(getattr(unpickler, "_get_allowed_globals", dict)().values())
+    found += list(getattr(unpickler, "_get_user_allowed_globals", dict)().values())
     found += [entry[0] if isinstance(entry, tuple) else entry for entry in get_safe_globals()]
     return {id(obj): obj for obj in found}
 

@@ -83,7 +83,6 @@ def test_load_from_checkpoint_names_the_hyperparameters_it_could_not_read():
 
 
 def test_fit_resumes_at_the_saved_epoch_step_optimizer_and_scheduler_state():
-    model = Regressor()
     restored: dict[str, Any] = {}
 
     class Probe(Regressor):
