@@ -229,6 +229,16 @@ def lightning_uninterrupted(lightning_files: dict[str, Path], tmp_path_factory: 
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def test_the_checked_in_fixture_is_what_its_script_writes(lightning_files: dict[str, Path], tmp_path: Path):
+    from tests.compat.lightning_fixture import write_checkpoints
+
+    fresh = _saved(_quietly(write_checkpoints, tmp_path)[0])
+    kept = _saved(FIXTURE)
+    assert all(torch.equal(fresh["state_dict"][k], v) for k, v in kept["state_dict"].items())
+    assert (fresh["epoch"], fresh["global_step"], fresh["lr_schedulers"]) == (
+        kept["epoch"], kept["global_step"], kept["lr_schedulers"])
+
+
 def _lightning_resume(ckpt: Path, root: Path) -> dict[str, torch.Tensor]:
     """Lightning's own resume. Lightning 2.6.6 refuses its own file when the hyperparameters hold a Namespace
     or a class (weights-only load): for the oracle, the test's own trusted file is loaded unsafely."""
