@@ -16,6 +16,7 @@ from argparse import Namespace
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
 from strategies.distributed import rank_zero_warn
@@ -121,6 +122,37 @@ def hparams_entries(owner: Any) -> dict[str, Any]:
     if isinstance(config_name, str):
         entries["hparams_name"] = config_name
     return entries
+
+
+def hparams_for_loggers(module: Any, datamodule: Any) -> dict[str, Any]:
+    """What the loggers receive at fit start, as in Lightning: the `hparams_initial` of the module and the
+    datamodule (each unless it called `save_hyperparameters(logger=False)`), merged.
+
+    Raises:
+        MisconfigurationError: a key both record holds different values (which one would the logger show?).
+    """
+    parts = [owner.hparams_initial for owner in (module, datamodule)
+             if isinstance(owner, HyperparametersMixin) and owner.__dict__.get("_hparams_to_log", True)]
+    if len(parts) == 2:
+        clashing = sorted(key for key in parts[0].keys() & parts[1].keys() if _differ(parts[0][key], parts[1][key]))
+        if clashing:
+            raise MisconfigurationError(
+                f"the hyperparameters {clashing} are in both the module's and the DataModule's hparams with "
+                "different values; rename one, or call save_hyperparameters(logger=False) on one of them."
+            )
+    merged: dict[str, Any] = {}
+    for part in parts:
+        merged.update(part)
+    return merged
+
+
+def _differ(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b))
+    try:
+        return bool(a != b)
+    except Exception:  # noqa: BLE001 - an object whose comparison raises: compare identity
+        return a is not b
 
 
 def _arguments_of(frame: types.FrameType) -> dict[str, Any]:

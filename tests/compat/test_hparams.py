@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from strategies.exceptions import CheckpointLoadError
+from strategies.exceptions import CheckpointLoadError, MisconfigurationError
 from tests.helpers.boring import QUIET, BoringModel, RandomDataset
 from trainer import DataModule, Trainer, TrainModule
 
@@ -279,6 +279,31 @@ def test_load_from_checkpoint_takes_an_hparams_file_over_the_saved_values(tmp_pa
         "width": 6, "tags": ("a",), "scale": 2.5}
     assert Plain.load_from_checkpoint(tmp_path / "m.ckpt", None, tmp_path / "hparams.csv", width=7).hparams.width == 7
     assert Plain.load_from_checkpoint(tmp_path / "m.ckpt", hparams_file=tmp_path / "hparams.csv").hparams.width == 5
+
+
+def test_the_loggers_get_hparams_initial_as_in_lightning():
+    from tests.trainer.test_logging import MemoryLogger
+
+    model = Plain(8)
+    model.hparams.width = 16  # after save_hyperparameters: Lightning logs what was recorded
+    logger = MemoryLogger()
+    Trainer(max_epochs=1, limit_train_batches=1, **{**QUIET, "logger": logger}).fit(model)
+    assert logger.hparams["width"] == 8
+
+
+def test_a_key_of_module_and_datamodule_with_different_values_is_an_error():
+    from tests.trainer.test_logging import MemoryLogger
+
+    class Named(BoringModel):
+        def __init__(self, name: str = "model") -> None:
+            super().__init__()
+            self.save_hyperparameters()
+
+    trainer = Trainer(max_epochs=1, limit_train_batches=1, **{**QUIET, "logger": MemoryLogger()})
+    with pytest.raises(MisconfigurationError, match=r"\['name'\] are in both the module's and the DataModule's"):
+        trainer.fit(Named(), datamodule=Data(name="data"))
+    trainer = Trainer(max_epochs=1, limit_train_batches=1, **{**QUIET, "logger": MemoryLogger()})
+    trainer.fit(Named(name="same"), datamodule=Data(name="same"))  # equal values merge, as in Lightning
 
 
 def test_datamodule_hparams_reach_the_loggers():
