@@ -334,3 +334,25 @@ def test_what_we_record_matches_lightning_2_6_6():
     assert dict(ours.hparams) == dict(theirs.hparams)
     assert (ours.hparams.backbone is backbone) == (theirs.hparams.backbone is backbone)
     assert dict(ours.hparams_initial).keys() == dict(theirs.hparams_initial).keys()
+
+
+def test_the_rows_of_this_area_in_from_lightning_name_tests_that_exist():
+    """docs/from-lightning.md, "Hyperparameters and checkpoints": every test a row names is defined, so the table
+    cannot drift from the tests."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "docs" / "from-lightning.md").read_text()
+    section = text.split("### Hyperparameters and checkpoints", 1)[1].split("\n### ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `") or line.startswith("| hyper")]
+    assert len(rows) >= 12
+    missing = []
+    for row in rows:
+        current = None
+        for ref in re.findall(r"`((?:tests/[\w/]+\.py)?::\w+)`", row):
+            file, name = ref.split("::")
+            current = file or current
+            assert current, f"a row names {ref!r} before any file: {row[:60]}"
+            if not re.search(rf"^def {name}\(", (root / current).read_text(), re.M):
+                missing.append(f"{current}::{name}")
+    assert missing == []
