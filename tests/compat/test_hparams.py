@@ -344,8 +344,9 @@ def test_the_rows_of_this_area_in_from_lightning_name_tests_that_exist():
     root = Path(__file__).resolve().parents[2]
     text = (root / "docs" / "from-lightning.md").read_text()
     section = text.split("### Hyperparameters and checkpoints", 1)[1].split("\n### ", 1)[0]
-    rows = [line for line in section.splitlines() if line.startswith("| `") or line.startswith("| hyper")]
-    assert len(rows) >= 12
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith(("| ---",
+                                                                                                     "| Lightning"))]
+    assert len(rows) >= 13 and all("tests/" in row for row in rows)
     missing = []
     for row in rows:
         current = None
