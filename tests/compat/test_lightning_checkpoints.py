@@ -138,6 +138,15 @@ def test_a_dictconfig_among_the_hyperparameters_is_named_and_the_rest_is_taken(t
     assert model.hparams.hidden == 8 and torch.equal(model.net[0].weight, saved["state_dict"]["net.0.weight"])
 
 
+def test_lightning_attributedict_hyperparameters_are_read_as_a_dict(tmp_path: Path):
+    data = pytest.importorskip("lightning.fabric.utilities.data", reason="needs Lightning's AttributeDict class")
+    path = tmp_path / "attributedict.ckpt"
+    saved = _saved(FIXTURE)
+    torch.save({**saved, "hyper_parameters": data.AttributeDict(hidden=8, lr=0.01)}, path)
+    model = _quietly(Regressor.load_from_checkpoint, path)
+    assert (model.hparams.hidden, model.hparams.lr) == (8, 0.01)
+
+
 def test_a_file_of_ours_naming_lightning_in_a_value_gets_no_stand_ins(tmp_path: Path):
     path = tmp_path / "ours.ckpt"
     torch.save({"format_version": 1, "state_dict": {}, "hparams": {"note": "pytorch-lightning_version",
