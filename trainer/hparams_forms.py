@@ -51,6 +51,8 @@ def stored_form(value: Any, allowed: dict[int, Any] | None = None) -> tuple[Any,
     allowed = allowed_globals() if allowed is None else allowed
     if refusal(value, "value", allowed) is None:
         return value, None
+    if _is_numpy_scalar(value):  # np.float64(0.1) from a sweep: the same number as a Python scalar
+        return value.item(), None
     if isinstance(value, type) and issubclass(value, StandIn):  # a class or function named in a foreign file
         return value.global_name, f"{value.global_name}, a class or function (refused by the safe loader)"
     if isinstance(value, StandIn):
@@ -72,6 +74,10 @@ def stored_form(value: Any, allowed: dict[int, Any] | None = None) -> tuple[Any,
     if type(value) in (list, tuple):
         return type(value)(stored_form(v, allowed)[0] for v in value), f"a {type(value).__name__} holding objects"
     return _short_repr(value), f"a {type(value).__module__}.{type(value).__qualname__} instance, stored as its repr"
+
+
+def _is_numpy_scalar(value: Any) -> bool:
+    return type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0 and hasattr(value, "item")
 
 
 def _partial_form(value: functools.partial, allowed: dict[int, Any]) -> Any:

@@ -66,6 +66,15 @@ def test_a_class_or_function_that_is_the_init_default_needs_no_warning():
     assert "'activation'" not in messages[0] and "'optimizer'" not in messages[0]
 
 
+def test_numpy_scalars_are_stored_as_the_same_python_numbers(tmp_path: Path):
+    np = pytest.importorskip("numpy")
+    model, messages = _built_with_warnings(lambda: Plain(np.int64(8), ("a",), np.float64(0.5)))
+    assert messages == [] and type(model.hparams.scale) is np.float64  # live values stay as given
+    saved = _fit_and_save(model, tmp_path / "m.ckpt")
+    assert saved["hparams"]["width"] == 8 and type(saved["hparams"]["scale"]) is float
+    assert Plain.load_from_checkpoint(tmp_path / "m.ckpt").hparams.scale == 0.5
+
+
 def test_plain_values_are_kept_without_a_warning():
     model, messages = _built_with_warnings(lambda: Plain(8, ("x", "y")))
     assert messages == []
