@@ -64,16 +64,29 @@ def stored_form(value: Any, allowed: dict[int, Any] | None = None) -> tuple[Any,
         path = import_path(value)
         return (path, f"{what}, stored as its import path") if path else (_short_repr(value), f"{what}, stored "
                                                                            "as its repr (it has no import path)")
+    container = _container_form(value, allowed)
+    if container is not None:
+        return container
+    return _short_repr(value), f"a {type(value).__module__}.{type(value).__qualname__} instance, stored as its repr"
+
+
+def _container_form(value: Any, allowed: dict[int, Any]) -> tuple[Any, str | None] | None:
+    """A mapping, Namespace, list or tuple with its items in their stored form; None for anything else."""
     if isinstance(value, (Mapping, Namespace)):
         items = vars(value) if isinstance(value, Namespace) else value
-        stored = {k: stored_form(v, allowed)[0] for k, v in items.items()}
+        forms = {k: stored_form(v, allowed) for k, v in items.items()}
+        stored = {k: form for k, (form, _) in forms.items()}
         if refusal(stored, "value", allowed) is None:
+            if type(value) is dict and all(what is None for _, what in forms.values()):
+                return stored, None  # NumPy scalars only: nothing lost
             kind = "a dict holding objects" if type(value) is dict else \
                 f"a {type(value).__module__}.{type(value).__qualname__}"
             return stored, f"{kind}, stored as a dict (objects by name or repr)"
     if type(value) in (list, tuple):
-        return type(value)(stored_form(v, allowed)[0] for v in value), f"a {type(value).__name__} holding objects"
-    return _short_repr(value), f"a {type(value).__module__}.{type(value).__qualname__} instance, stored as its repr"
+        pairs = [stored_form(v, allowed) for v in value]
+        lossless = all(what is None for _, what in pairs)
+        return type(value)(form for form, _ in pairs), None if lossless else f"a {type(value).__name__} holding objects"
+    return None
 
 
 def _is_numpy_scalar(value: Any) -> bool:

@@ -68,10 +68,11 @@ def test_a_class_or_function_that_is_the_init_default_needs_no_warning():
 
 def test_numpy_scalars_are_stored_as_the_same_python_numbers(tmp_path: Path):
     np = pytest.importorskip("numpy")
-    model, messages = _built_with_warnings(lambda: Plain(np.int64(8), ("a",), np.float64(0.5)))
+    model, messages = _built_with_warnings(lambda: Plain(np.int64(8), ("a", np.float32(1.5)), np.float64(0.5)))
     assert messages == [] and type(model.hparams.scale) is np.float64  # live values stay as given
     saved = _fit_and_save(model, tmp_path / "m.ckpt")
     assert saved["hparams"]["width"] == 8 and type(saved["hparams"]["scale"]) is float
+    assert saved["hparams"]["tags"] == ("a", 1.5) and "hparams_replaced" not in saved
     assert Plain.load_from_checkpoint(tmp_path / "m.ckpt").hparams.scale == 0.5
 
 
