@@ -12,7 +12,7 @@ from strategies.exceptions import CheckpointLoadError, CheckpointSaveError
 from strategies.weights_only import refusal
 from trainer.checkpoint_contents import check_contents, check_resumable
 from trainer.hparams import hparams_entries
-from trainer.hparams_forms import read_hparams_file, rebuild_arguments, stored_forms
+from trainer.hparams_forms import read_hparams_file, rebuild_arguments
 from trainer.lightning_checkpoint import from_lightning, is_lightning_checkpoint
 from trainer.resume import checkpoint_position, plan_resume
 
@@ -71,8 +71,11 @@ def dump_checkpoint(loop: FitState, weights_only: bool = False) -> dict[str, Any
     datamodule_state = datamodule.state_dict() if datamodule is not None else {}
     if datamodule_state:
         checkpoint["datamodule"] = datamodule_state
-    if getattr(datamodule, "hparams", None):
-        checkpoint["datamodule_hyper_parameters"] = stored_forms(datamodule.hparams)[0]  # Lightning's key
+    if getattr(datamodule, "hparams", None):  # Lightning's keys, as for the module's
+        entries = hparams_entries(datamodule)
+        checkpoint["datamodule_hyper_parameters"] = entries["hparams"]
+        if "hparams_name" in entries:
+            checkpoint["datamodule_hparams_name"] = entries["hparams_name"]
     from trainer.hooks import call_hook
 
     call_hook(loop, "on_save_checkpoint", checkpoint)
@@ -181,7 +184,7 @@ def _rebuild_arguments(cls: type, checkpoint: Mapping[str, Any], key: str, path:
     saved = {**checkpoint.get(key, {}), **from_file}  # Lightning: the file updates the saved hparams
     replaced = {name: what for name, what in checkpoint.get("hparams_replaced", {}).items()
                 if name not in from_file} if key == "hparams" else {}
-    config_name = checkpoint.get("hparams_name") if key == "hparams" else None
+    config_name = checkpoint.get("hparams_name" if key == "hparams" else "datamodule_hparams_name")
     hparams, missing = rebuild_arguments(cls, saved, replaced, overrides, config_name)
     if missing:
         listed = "; ".join(f"{name!r} ({what})" for name, what in missing.items())

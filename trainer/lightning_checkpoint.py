@@ -44,20 +44,9 @@ def from_lightning(checkpoint: Mapping[str, Any], path: str | Path, format_versi
     """
     version = checkpoint.get("pytorch-lightning_version")
     converted: dict[str, Any] = {"format_version": format_version}
-    precision_keys = [key for key in _PRECISION_KEYS if key in checkpoint]
-    for key in ("state_dict", *_SAME, *precision_keys):
-        refused = contains_stand_ins(checkpoint.get(key))
-        if refused:
-            raise CheckpointLoadError(
-                f"checkpoint {path} (PyTorch Lightning {version}): its {key!r} holds {', '.join(refused)}, which "
-                "the safe (weights-only) loader refuses; it cannot be taken, and is never loaded unsafely."
-            )
-        if key in checkpoint and key not in precision_keys:
-            converted[key] = checkpoint[key]
+    _take_states(checkpoint, converted, f"checkpoint {path} (PyTorch Lightning {version})")
     not_taken: list[str] = []
     _take_hparams(checkpoint, converted, not_taken)
-    if isinstance(checkpoint.get("hparams_name"), str):
-        converted["hparams_name"] = checkpoint["hparams_name"]
     converted["progress"], mid_epoch = _progress(checkpoint, not_taken)
     if mid_epoch:  # a position inside an epoch: the next epoch's replay starts there (with this run's order)
         converted["loops"], converted["rng"] = [{} for _ in range(world_size)], [None] * world_size
@@ -75,6 +64,20 @@ def from_lightning(checkpoint: Mapping[str, Any], path: str | Path, format_versi
     return converted
 
 
+def _take_states(checkpoint: Mapping[str, Any], converted: dict[str, Any], source: str) -> None:
+    """The weights and the optimizer, scheduler and precision states, which must hold no stand-in."""
+    precision_keys = [key for key in _PRECISION_KEYS if key in checkpoint]
+    for key in ("state_dict", *_SAME, *precision_keys):
+        refused = contains_stand_ins(checkpoint.get(key))
+        if refused:
+            raise CheckpointLoadError(
+                f"{source}: its {key!r} holds {', '.join(refused)}, which the safe (weights-only) loader "
+                "refuses; it cannot be taken, and is never loaded unsafely."
+            )
+        if key in checkpoint and key not in precision_keys:
+            converted[key] = checkpoint[key]
+
+
 def _describe(key: str, value: Any) -> str:
     if key == "callbacks" and isinstance(value, Mapping):
         return f"'callbacks' (the states of {', '.join(map(str, value))}: callbacks start fresh)"
@@ -82,6 +85,9 @@ def _describe(key: str, value: Any) -> str:
 
 
 def _take_hparams(checkpoint: Mapping[str, Any], converted: dict[str, Any], not_taken: list[str]) -> None:
+    for key in ("hparams_name", "datamodule_hparams_name"):
+        if isinstance(checkpoint.get(key), str):
+            converted[key] = checkpoint[key]
     for source, target in (("hyper_parameters", "hparams"), ("datamodule_hyper_parameters",
                                                               "datamodule_hyper_parameters")):
         saved = checkpoint.get(source)

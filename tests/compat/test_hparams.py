@@ -281,6 +281,17 @@ def test_datamodule_load_from_checkpoint_rebuilds_it_from_its_saved_hyperparamet
     assert Data.load_from_checkpoint(tmp_path / "m.ckpt", batch_size=2).hparams.batch_size == 2
 
 
+def test_a_datamodule_given_one_config_is_rebuilt_with_it(tmp_path: Path):
+    class ConfigData(Data):
+        def __init__(self, config: dict) -> None:
+            DataModule.__init__(self)
+            self.save_hyperparameters(config)
+
+    saved = _fit_and_save(BoringModel(), tmp_path / "m.ckpt", datamodule=ConfigData({"batch_size": 8}))
+    assert saved["datamodule_hparams_name"] == "config"
+    assert ConfigData.load_from_checkpoint(tmp_path / "m.ckpt").hparams == {"batch_size": 8}
+
+
 def test_load_from_checkpoint_takes_an_hparams_file_over_the_saved_values(tmp_path: Path):
     _fit_and_save(Plain(8), tmp_path / "m.ckpt")
     (tmp_path / "hparams.yaml").write_text("width: 6\nscale: 2.5\n")
