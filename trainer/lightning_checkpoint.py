@@ -105,16 +105,21 @@ def _take_hparams(checkpoint: Mapping[str, Any], converted: dict[str, Any], not_
             converted["hparams_replaced"] = replaced
 
 
-def _counter(progress: Any, part: str, name: str) -> int | None:
-    value = progress.get(part, {}).get(name) if isinstance(progress, Mapping) else None
-    return value if isinstance(value, int) else None
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _counter(progress: Mapping[str, Any], part: str, name: str) -> int | None:
+    value = _mapping(progress.get(part)).get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _progress(checkpoint: Mapping[str, Any], not_taken: list[str]) -> tuple[dict[str, Any], bool]:
     """Lightning's fit-loop counters as ours: the epoch to continue, and the batches of it already done."""
     global_step = checkpoint.get("global_step", 0)
-    fit_loop = checkpoint.get("loops", {}).get("fit_loop", {}) if isinstance(checkpoint.get("loops"), Mapping) else {}
-    epochs, batches = fit_loop.get("epoch_progress", {}), fit_loop.get("epoch_loop.batch_progress", {})
+    global_step = global_step if isinstance(global_step, int) else 0
+    fit_loop = _mapping(_mapping(checkpoint.get("loops")).get("fit_loop"))
+    epochs, batches = _mapping(fit_loop.get("epoch_progress")), _mapping(fit_loop.get("epoch_loop.batch_progress"))
     started, completed = _counter(epochs, "current", "started"), _counter(epochs, "current", "completed")
     # a batch is done once processed: ModelCheckpoint saves in on_train_batch_end, before `completed` counts it
     done = _counter(batches, "current", "processed") or _counter(batches, "current", "completed") or 0
@@ -129,7 +134,7 @@ def _progress(checkpoint: Mapping[str, Any], not_taken: list[str]) -> tuple[dict
         else:
             within = done
     total = _counter(batches, "total", "processed")
-    progress = {"current_epoch": epoch, "global_step": global_step if isinstance(global_step, int) else 0,
+    progress = {"current_epoch": epoch, "global_step": global_step,
                 "epoch_batches": within, "total_batches": total if total is not None else global_step,
                 "epoch_finished": False, "val_started": False, "epoch_opened": within > 0}
     return progress, within > 0

@@ -103,6 +103,15 @@ def test_fit_resumes_at_the_saved_epoch_step_optimizer_and_scheduler_state():
     assert (trainer.current_epoch, trainer.global_step) == (3, 3 * BATCHES_PER_EPOCH)
 
 
+def test_a_file_without_the_loop_position_says_where_it_continues(tmp_path: Path):
+    path = tmp_path / "no_loops.ckpt"
+    torch.save({k: v for k, v in _saved(FIXTURE).items() if k not in ("loops", "hyper_parameters")}, path)
+    model = Regressor()
+    with pytest.warns(UserWarning, match=r"the loop position \(no 'loops' entry\): continuing at the start of epoch 0"):
+        Trainer(**{**QUIET, "max_epochs": 1}).fit(model, loader(), ckpt_path=path)
+    assert model.seen[0][:3] == (0, 0, BATCHES_PER_EPOCH)  # the saved step count goes on
+
+
 def test_the_grad_scaler_state_of_16_mixed_is_taken(tmp_path: Path):
     path = tmp_path / "amp.ckpt"
     scaler = {"scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000,
