@@ -100,13 +100,13 @@ class HyperparametersMixin:
         return ({k: values[k] for k in names} if names else values), None
 
     def _init_arguments(self) -> dict[str, Any]:
-        """Find the frames of this object's __init__ (subclass first) and read their arguments."""
+        """The arguments of this object's __init__ frames, the outermost (the subclass the user built) winning,
+        as in Lightning: those are the arguments load_from_checkpoint passes back to that class."""
         frame = inspect.currentframe()
         values: dict[str, Any] = {}
-        while frame is not None:
+        while frame is not None:  # from the innermost __init__ (a base class) out to the subclass's
             if frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is self:
-                for key, value in _arguments_of(frame).items():
-                    values.setdefault(key, value)
+                values.update(_arguments_of(frame))
             frame = frame.f_back
         return values
 

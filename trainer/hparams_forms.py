@@ -134,7 +134,10 @@ def rebuild_arguments(cls: type, saved: Mapping[str, Any], replaced: Mapping[str
             held = "; ".join(f"{key!r}: {what}" for key, what in replaced.items())
             return {}, {config_name: f"a config holding values stored by name only ({held})"}
         return {config_name: dict(saved), **overrides}, {}
-    arguments = {k: v for k, v in saved.items() if k not in replaced}
+    accepted = _named_parameters(cls) if not _takes_any_keyword(cls) else None
+    # as in Lightning: saved values the class does not take (a base class's argument) are left out
+    arguments = {k: v for k, v in saved.items() if k not in replaced and (accepted is None or k in accepted)}
+    replaced = {k: what for k, what in replaced.items() if accepted is None or k in accepted}
     defaults = _defaults(cls)
     missing: dict[str, str] = {}
     for key, what in replaced.items():
@@ -156,6 +159,14 @@ def _named_parameters(cls: type) -> set[str]:
         return set()
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     return {p.name for p in parameters if p.kind in kinds}
+
+
+def _takes_any_keyword(cls: type) -> bool:
+    try:
+        parameters = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return True  # unknown: pass everything and let the call say what is wrong
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 def _defaults(cls: type) -> dict[str, Any]:

@@ -170,6 +170,22 @@ def test_the_arguments_of_a_given_frame_are_recorded():
     assert Built.build(depth=3).hparams == {"depth": 3, "width": 8}
 
 
+def test_a_base_class_recording_gets_the_subclass_arguments_as_in_lightning(tmp_path: Path):
+    class Base(BoringModel):
+        def __init__(self, lr: float = 1.0, depth: int = 1) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+
+    class Child(Base):
+        def __init__(self, lr: float = 0.1, width: int = 3) -> None:
+            super().__init__(lr=lr * 2, depth=5)
+
+    assert Child().hparams == {"lr": 0.1, "depth": 5, "width": 3}  # Lightning 2.6.6 records the same
+    _fit_and_save(Child(lr=0.3), tmp_path / "m.ckpt")
+    # as in Lightning, the saved `depth` (Base's argument, not Child's) is not passed to Child
+    assert Child.load_from_checkpoint(tmp_path / "m.ckpt").hparams == {"lr": 0.3, "depth": 5, "width": 3}
+
+
 def test_ignore_removes_what_a_base_class_recorded():
     class Base(TrainModule):
         def __init__(self, secret: str = "s", lr: float = 0.1) -> None:
