@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,14 +11,15 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from strategies.exceptions import MisconfigurationError
-from trainer.data_hooks import AttributeDict, DataHooks
+from trainer.data_hooks import DataHooks
+from trainer.hparams import HyperparametersMixin
 from trainer.module_optim import OptimizationHooks
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
-class TrainModule(OptimizationHooks, DataHooks, nn.Module):
+class TrainModule(HyperparametersMixin, OptimizationHooks, DataHooks, nn.Module):
     """Subclass this: define `training_step` and `configure_optimizers`, optionally the other hooks.
 
     Every `on_*` hook below is a no-op here; the Trainer calls them in the order documented in trainer.hooks.
@@ -55,8 +55,6 @@ class TrainModule(OptimizationHooks, DataHooks, nn.Module):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._trainer: Trainer | None = None
-        self._hparams: AttributeDict = AttributeDict()
-        self._hparams_to_log = True
         self.automatic_optimization: bool = True
 
     # --- properties --------------------------------------------------------------------------
@@ -99,11 +97,6 @@ class TrainModule(OptimizationHooks, DataHooks, nn.Module):
     def global_step(self) -> int:
         """Optimizer steps taken so far (0 without a Trainer)."""
         return self._trainer.global_step if self._trainer is not None else 0
-
-    @property
-    def hparams(self) -> AttributeDict:
-        """What `save_hyperparameters` recorded, readable as attributes (`self.hparams.lr`)."""
-        return self._hparams
 
     # --- steps (override) --------------------------------------------------------------------
     def training_step(self, *args: Any, **kwargs: Any) -> Tensor | Mapping[str, Any] | None:
@@ -312,43 +305,23 @@ class TrainModule(OptimizationHooks, DataHooks, nn.Module):
         for name, value in dictionary.items():
             self.log(name, value, **kwargs)
 
-    # --- hyperparameters -------------------------------------------------------------------------
-    def save_hyperparameters(self, *args: Any, ignore: Sequence[str] | str | None = None, logger: bool = True) -> None:
-        """Record `__init__` arguments (all, or the names given, or a dict) into `self.hparams`."""
-        ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
-        if len(args) == 1 and isinstance(args[0], Mapping):
-            values = dict(args[0])
-        else:
-            values = self._init_arguments()
-            if args:
-                missing = [a for a in args if a not in values]
-                if missing:
-                    raise MisconfigurationError(f"save_hyperparameters{args}: {missing} are not __init__ arguments.")
-                values = {k: values[k] for k in args}
-        self._hparams.update({k: v for k, v in values.items() if k not in ignored})
-        self._hparams_to_log = logger
-
-    def _init_arguments(self) -> dict[str, Any]:
-        """Find the frame of this object's __init__ and read its arguments from there."""
-        frame = inspect.currentframe()
-        values: dict[str, Any] = {}
-        while frame is not None:
-            if frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is self:
-                info = inspect.getargvalues(frame)
-                for arg in info.args[1:]:
-                    values.setdefault(arg, info.locals[arg])
-                if info.keywords and isinstance(info.locals.get(info.keywords), dict):
-                    for k, v in info.locals[info.keywords].items():
-                        values.setdefault(k, v)
-            frame = frame.f_back
-        return values
 
     # --- checkpoints -----------------------------------------------------------------------------
     @classmethod
     def load_from_checkpoint(
-        cls, checkpoint_path: str | Path, map_location: Any = None, strict: bool = True, **overrides: Any
+        cls, checkpoint_path: str | Path, map_location: Any = None, hparams_file: str | Path | None = None,
+        strict: bool | None = None, **overrides: Any
     ) -> TrainModule:
-        """Rebuild the module from a checkpoint's saved hparams (plus overrides) and load its weights."""
+        """Rebuild the module from a checkpoint's saved hparams and load its weights (a Lightning 2.x file too).
+
+        Args:
+            checkpoint_path: a checkpoint file (path or URL).
+            map_location: where to load tensors (default: the CPU).
+            hparams_file: a `.yaml` or `.csv` whose values update the saved hparams (Lightning's argument).
+            strict: match the weights' keys exactly (None means True, as in Lightning).
+            **overrides: `__init__` arguments replacing saved ones; those stored by name only must come here.
+        """
         from trainer.checkpoint import load_module_from_checkpoint
 
-        return load_module_from_checkpoint(cls, checkpoint_path, map_location, strict, overrides)
+        return load_module_from_checkpoint(cls, checkpoint_path, map_location, strict is not False, overrides,
+                                           hparams_file)

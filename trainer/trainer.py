@@ -163,10 +163,7 @@ class Trainer(TrainerProperties):
         if self.fit_state.module is None:
             raise MisconfigurationError("save_checkpoint() needs a model: call it during or after fit().")
         with self.fit_state.control.outside_steps():  # rank 0 may write for long while the others wait: no bound
-            checkpoint = ckpt.dump_checkpoint(self.fit_state)
-            if weights_only:
-                for key in ("optimizer_states", "lr_schedulers", "callbacks", "rng"):
-                    checkpoint.pop(key, None)
+            checkpoint = ckpt.dump_checkpoint(self.fit_state, weights_only)
             self.strategy.save_checkpoint(checkpoint, filepath)
 
     # --- the run ------------------------------------------------------------------------------------
