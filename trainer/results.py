@@ -87,9 +87,8 @@ class _Entry:
             self.total = pick(self.total, value)
 
     def compute_epoch(self, reduce: Callable[[Tensor, str], Tensor]) -> Tensor | None:
-        if self.metric is not None:
+        if self.metric is not None:  # reset later, after the epoch-end hooks (ResultCollection.reset_metric_objects)
             value = self.metric.compute()
-            self.metric.reset()
             return value.detach() if isinstance(value, Tensor) else torch.tensor(float(value))
         if self.total is None:
             return None
@@ -142,12 +141,12 @@ class ResultCollection:
 
     def log(
         self, name: str, value: Any, on_step: bool | None, on_epoch: bool | None, prog_bar: bool, logger: bool,
-        sync_dist: bool, reduce_fx: str, batch_size: int | None,
+        sync_dist: bool, reduce_fx: str, batch_size: int | None, add_dataloader_idx: bool = True,
     ) -> None:
         step, epoch = self._cadence(name, on_step, on_epoch)
         if reduce_fx not in _REDUCE_FX:
             raise MisconfigurationError(f"self.log({name!r}, reduce_fx={reduce_fx!r}): use one of {_REDUCE_FX}.")
-        key = name + self.key_suffix
+        key = name + self.key_suffix if add_dataloader_idx else name
         with self._lock:
             entry = self.entries.get(key)
             if key not in self._before_batch:  # a checkpoint taken inside this batch rolls back to it
@@ -293,6 +292,13 @@ class ResultCollection:
 
     def load_state_dict(self, state: dict[str, dict[str, Any]]) -> None:
         self.entries = {key: _Entry(**fields) for key, fields in state.items()}
+
+    def reset_metric_objects(self) -> None:
+        """Reset the torchmetrics objects logged this epoch: called after the epoch-end hooks, as in Lightning,
+        so that `metric.compute()` inside `on_*_epoch_end` still gives the epoch's value."""
+        for entry in self.entries.values():
+            if entry.metric is not None:
+                entry.metric.reset()
 
     def reset(self) -> None:
         for entry in self.entries.values():
