@@ -58,5 +58,6 @@ def test_supported_names_exist_on_our_classes():
                if e.status == SUPPORTED and n != "automatic_optimization" and not hasattr(TrainModule, n)]
     missing += [f"DataModule.{n}" for n, e in DATAMODULE_NAMES.items()
                 if e.status == SUPPORTED and n != "hparams" and not hasattr(DataModule, n)]
-    missing += [f"Callback.{n}" for n, e in CALLBACK_NAMES.items() if e.status == SUPPORTED and not hasattr(Callback, n)]
+    missing += [f"Callback.{n}" for n, e in CALLBACK_NAMES.items()
+                if e.status == SUPPORTED and not hasattr(Callback, n)]
     assert missing == []
