@@ -12,6 +12,12 @@ from strategies.exceptions import MisconfigurationError
 REDUCE_FX_NAMES: dict[Any, str] = {torch.mean: "mean", torch.sum: "sum", torch.max: "max", torch.min: "min"}
 
 
+def reduce_fx_name(reduce_fx: Any) -> str:
+    """The name of a `reduce_fx`: a string as given, a torch function by its name (anything else shows its repr in
+    the error that names the accepted values)."""
+    return reduce_fx if isinstance(reduce_fx, str) else REDUCE_FX_NAMES.get(reduce_fx, repr(reduce_fx))
+
+
 def check_log_options(name: str, enable_graph: bool, sync_dist: bool, sync_dist_group: Any,
                        add_dataloader_idx: bool, rank_zero_only: bool) -> None:
     """Refuse, by name, the `self.log` options that would otherwise do nothing here."""

@@ -14,7 +14,7 @@ from torch.optim import Optimizer
 from strategies.base import _StrategyOptimizer
 from strategies.exceptions import MisconfigurationError
 from trainer.data_hooks import AttributeDict, DataHooks
-from trainer.log_options import REDUCE_FX_NAMES, check_log_options
+from trainer.log_options import check_log_options, reduce_fx_name
 from trainer.module_extras import ModuleConveniences
 from trainer.module_hooks import MoreModelHooks
 
@@ -321,7 +321,7 @@ class TrainModule(ModuleConveniences, MoreModelHooks, DataHooks, nn.Module):
         check_log_options(name, enable_graph, sync_dist, sync_dist_group, add_dataloader_idx, rank_zero_only)
         self._trainer.fit_state.results.log(
             name, value, on_step, on_epoch, prog_bar, True if logger is None else logger, sync_dist,
-            REDUCE_FX_NAMES.get(reduce_fx, reduce_fx), batch_size, add_dataloader_idx,
+            reduce_fx_name(reduce_fx), batch_size, add_dataloader_idx,
         )
 
     def log_dict(

@@ -4,9 +4,13 @@ mode hooks around evaluation and predict (called from trainer/model_mode.py). Ke
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from torch import nn
+
+
+def _module(hooks: Any) -> nn.Module:
+    return cast(nn.Module, hooks)  # the mixin is only ever part of a TrainModule
 
 
 class MoreModelHooks:
@@ -23,24 +27,24 @@ class MoreModelHooks:
 
     def on_validation_model_eval(self) -> None:
         """Before validation (and the sanity check): put the module in eval mode."""
-        nn.Module.eval(self)  # type: ignore[arg-type]
+        _module(self).eval()
 
     def on_validation_model_train(self) -> None:
         """After validation. When you override it, it runs instead of giving every submodule its mode back."""
-        nn.Module.train(self)  # type: ignore[arg-type]
+        _module(self).train()
 
     def on_validation_model_zero_grad(self) -> None:
         """Before a validation inside fit (not inside an accumulation window): release the gradients."""
-        nn.Module.zero_grad(self)  # type: ignore[arg-type]
+        _module(self).zero_grad()
 
     def on_test_model_eval(self) -> None:
         """Before test: put the module in eval mode."""
-        nn.Module.eval(self)  # type: ignore[arg-type]
+        _module(self).eval()
 
     def on_test_model_train(self) -> None:
         """After test. When you override it, it runs instead of giving every submodule its mode back."""
-        nn.Module.train(self)  # type: ignore[arg-type]
+        _module(self).train()
 
     def on_predict_model_eval(self) -> None:
         """Before predict: put the module in eval mode (every submodule gets its mode back after predict)."""
-        nn.Module.eval(self)  # type: ignore[arg-type]
+        _module(self).eval()
