@@ -31,6 +31,9 @@ class BatchTransfer:
         self._after: Callable[[Any, int], Any] | None = None
         self.active = False  # any of the three hooks is user-defined
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_before": None, "_move": None, "_after": None, "active": False}  # picked again by the next run
+
     def resolve(self, module: Any, datamodule: Any) -> None:
         """Pick, per hook, the object whose definition runs (the datamodule's first)."""
         from trainer.datamodule import DataModule

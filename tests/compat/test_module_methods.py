@@ -130,6 +130,15 @@ def test_example_input_array_is_a_settable_property():
     assert model.example_input_array.shape == (2, 32)
 
 
+def test_example_input_array_adds_layer_sizes_to_the_model_summary(capsys: pytest.CaptureFixture[str]):
+    model = BoringModel()
+    model.example_input_array = torch.zeros(4, 32)
+    Trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=0,
+            **{**QUIET, "enable_model_summary": True}).fit(model)
+    table = capsys.readouterr().out
+    assert "In sizes" in table and "| [4, 32]  | [4, 2]" in table and model.training
+
+
 def test_to_onnx_exports_with_the_example_input(tmp_path: Path):
     onnx = pytest.importorskip("onnx")
     pytest.importorskip("onnxscript")
