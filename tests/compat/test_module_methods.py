@@ -190,6 +190,13 @@ def test_rank_zero_helpers_are_importable_from_trainer(caplog: pytest.LogCapture
     assert "an info" in capsys.readouterr().out and "a debug line" in caplog.text
 
 
+def test_rank_zero_helpers_are_importable_from_trainer_rank_zero():
+    import trainer
+    import trainer.rank_zero as rank_zero
+
+    assert all(getattr(rank_zero, name) is getattr(trainer, name) for name in rank_zero.__all__)
+
+
 def test_datamodule_from_datasets_builds_the_loaders():
     data = DataModule.from_datasets(RandomDataset(32, 16), [RandomDataset(32, 8), RandomDataset(32, 4)],
                                     batch_size=4)
