@@ -77,3 +77,10 @@ def test_rows_without_a_test_are_marked_pending(table: str):
     unmarked = [row for row in ROWS[table] if row[3] == "pending" and not row[2].startswith("pending: ")]
     untested = [row for row in ROWS[table] if row[2].startswith("pending: ") and row[3] != "pending"]
     assert unmarked == [] and untested == []
+
+
+def test_every_refused_module_name_has_its_note_in_the_docs():
+    text = (ROOT / "docs" / "from-lightning.md").read_text()
+    missing = [name for name, entry in _TABLES["LightningModule"].items()
+               if entry.status == "refused" and f"- `{name}`: {entry.note}." not in text]
+    assert missing == []
