@@ -303,7 +303,7 @@ class TrainModule(ModuleConveniences, MoreModelHooks, DataHooks, nn.Module):
             sync_dist: reduce the value across ranks first (one collective per call).
             sync_dist_group: must stay None: values are reduced over all ranks.
             add_dataloader_idx: with several evaluation loaders, append `/dataloader_idx_N` to the name (False:
-                one key shared by every loader, reduced over all of them).
+                the name as given, which then must differ between loaders).
             batch_size: the weight of this value in the epoch mean; inferred from the batch when None.
             metric_attribute: accepted for Lightning code; not needed here (a Metric value is used directly).
             rank_zero_only: the call is made on rank 0 only; such a value cannot use `sync_dist`.

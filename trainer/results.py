@@ -121,6 +121,7 @@ class ResultCollection:
         self.entries: dict[str, _Entry] = {}
         self.current_fx: str | None = None
         self.key_suffix = ""
+        self._loader_of: dict[str, str] = {}  # name logged with add_dataloader_idx=False → its loader
         self._batch: Any = None
         self._batch_size: int | None = None
         self._before_batch: dict[str, dict[str, Any] | None] = {}  # entry fields before this batch changed them
@@ -146,7 +147,7 @@ class ResultCollection:
         step, epoch = self._cadence(name, on_step, on_epoch)
         if reduce_fx not in _REDUCE_FX:
             raise MisconfigurationError(f"self.log({name!r}, reduce_fx={reduce_fx!r}): use one of {_REDUCE_FX}.")
-        key = name + self.key_suffix if add_dataloader_idx else name
+        key = name + self.key_suffix if add_dataloader_idx else self._unsuffixed(name)
         with self._lock:
             entry = self.entries.get(key)
             if key not in self._before_batch:  # a checkpoint taken inside this batch rolls back to it
@@ -166,6 +167,18 @@ class ResultCollection:
                 self._set_step_value(entry, value, sync_dist, reduce_fx)
             if epoch:
                 entry.update_epoch(value, self._infer_batch_size(name, batch_size, reduce_fx))
+
+    def _unsuffixed(self, name: str) -> str:
+        """The key of a value logged with add_dataloader_idx=False: its name, which one loader only may use (as in
+        Lightning, which refuses the same name from a second loader instead of mixing the loaders' values)."""
+        first = self._loader_of.setdefault(name, self.key_suffix)
+        if first != self.key_suffix:
+            raise MisconfigurationError(
+                f"self.log({name!r}, add_dataloader_idx=False) was called for two dataloaders "
+                f"({first.lstrip('/') or 'the first'} and {self.key_suffix.lstrip('/')}); give each dataloader its own "
+                "name, or keep add_dataloader_idx=True (which appends /dataloader_idx_N)."
+            )
+        return name
 
     def _cadence(self, name: str, on_step: bool | None, on_epoch: bool | None) -> tuple[bool, bool]:
         """(on_step, on_epoch) for a value logged in the current hook: its defaults, or an error where not allowed."""
@@ -306,6 +319,7 @@ class ResultCollection:
                 entry.metric.reset()
         self.entries.clear()
         self._pending_sync.clear()
+        self._loader_of.clear()
 
 
 def to_python(metrics: Mapping[str, Any]) -> dict[str, float]:

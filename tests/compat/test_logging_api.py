@@ -70,17 +70,26 @@ class TwoValLoaders(BoringModel):
 
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         self.log("x", batch[0][0, 0], add_dataloader_idx=self.add_idx)
+        self.log(f"own_name_{dataloader_idx}", batch[0][0, 0], add_dataloader_idx=False)
 
 
 def test_add_dataloader_idx_true_appends_the_loader_index():
-    metrics = Trainer(**QUIET).validate(TwoValLoaders(add_dataloader_idx=True))
-    assert metrics == [{"x/dataloader_idx_0": 1.0}, {"x/dataloader_idx_1": 3.0}]
-
-
-def test_add_dataloader_idx_false_shares_one_key_across_loaders():
     trainer = Trainer(**QUIET)
-    trainer.validate(TwoValLoaders(add_dataloader_idx=False))
-    assert float(trainer.callback_metrics["x"]) == pytest.approx(2.0)
+    trainer.validate(TwoValLoaders(add_dataloader_idx=True))
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("x")}
+    assert metrics == {"x/dataloader_idx_0": 1.0, "x/dataloader_idx_1": 3.0}
+
+
+def test_add_dataloader_idx_false_logs_the_name_as_given():
+    trainer = Trainer(**QUIET)
+    trainer.validate(TwoValLoaders(add_dataloader_idx=True))
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("own_name")}
+    assert metrics == {"own_name_0": 1.0, "own_name_1": 3.0}
+
+
+def test_add_dataloader_idx_false_refuses_one_name_from_two_loaders():
+    with pytest.raises(MisconfigurationError, match="called for two dataloaders"):  # Lightning refuses it too
+        Trainer(**QUIET).validate(TwoValLoaders(add_dataloader_idx=False))
 
 
 def test_add_dataloader_idx_refuses_a_name_that_already_holds_the_suffix():
