@@ -73,11 +73,42 @@ MODULE_NAMES: dict[str, Name] = {
                                             "(x,)) or model.to_onnx(path, x)"),
 }
 
-# Names Lightning 1.x had and 2.x removed; Lightning 2.x raises when a module still defines them, and so do we.
+_STEP_END = ("removed in Lightning 2.0 (Lightning 2.x ignores it): do this work at the end of `{}_step` itself (under "
+             "strategy='dp' the step's outputs are already gathered from every GPU when the loss is used)")
+_SILENT_1X = "a Lightning 1.x hook that Lightning 2.x no longer calls (nor do we): {}"
+
+# Names Lightning 1.x had and 2.x removed. Lightning 2.x raises for the `*_epoch_end` ones and silently ignores the
+# others; we refuse them all, so that code ported from 1.x never loses what such a hook did without a word.
 REMOVED_MODULE_NAMES: dict[str, Name] = {
     "training_epoch_end": Name(HOOK, REFUSED, _REMOVED_IN_2_0.format("train")),
     "validation_epoch_end": Name(HOOK, REFUSED, _REMOVED_IN_2_0.format("validation")),
     "test_epoch_end": Name(HOOK, REFUSED, _REMOVED_IN_2_0.format("test")),
+    "training_step_end": Name(HOOK, REFUSED, _STEP_END.format("training")),
+    "validation_step_end": Name(HOOK, REFUSED, _STEP_END.format("validation")),
+    "test_step_end": Name(HOOK, REFUSED, _STEP_END.format("test")),
+    "on_epoch_start": Name(HOOK, REFUSED, _SILENT_1X.format("use on_train_epoch_start (or the validation/test one)")),
+    "on_epoch_end": Name(HOOK, REFUSED, _SILENT_1X.format("use on_train_epoch_end (or the validation/test one)")),
+    "on_pretrain_routine_start": Name(HOOK, REFUSED, _SILENT_1X.format("use on_fit_start")),
+    "on_pretrain_routine_end": Name(HOOK, REFUSED, _SILENT_1X.format("use on_fit_start")),
+    "on_hpc_save": Name(HOOK, REFUSED, _SILENT_1X.format("use on_save_checkpoint")),
+    "on_hpc_load": Name(HOOK, REFUSED, _SILENT_1X.format("use on_load_checkpoint")),
+    "get_progress_bar_dict": Name(HOOK, REFUSED, _SILENT_1X.format("log with self.log(..., prog_bar=True)")),
+}
+
+REMOVED_CALLBACK_NAMES: dict[str, Name] = {
+    "on_init_start": Name(HOOK, REFUSED, _SILENT_1X.format("do it in the callback's __init__")),
+    "on_init_end": Name(HOOK, REFUSED, _SILENT_1X.format("use setup(trainer, pl_module, stage)")),
+    "on_epoch_start": Name(HOOK, REFUSED, _SILENT_1X.format("use on_train_epoch_start (or the validation/test one)")),
+    "on_epoch_end": Name(HOOK, REFUSED, _SILENT_1X.format("use on_train_epoch_end (or the validation/test one)")),
+    "on_batch_start": Name(HOOK, REFUSED, _SILENT_1X.format("use on_train_batch_start")),
+    "on_batch_end": Name(HOOK, REFUSED, _SILENT_1X.format("use on_train_batch_end")),
+    "on_keyboard_interrupt": Name(HOOK, REFUSED, _SILENT_1X.format(
+        "use on_exception and check isinstance(exception, KeyboardInterrupt)")),
+    "on_pretrain_routine_start": Name(HOOK, REFUSED, _SILENT_1X.format("use on_fit_start")),
+    "on_pretrain_routine_end": Name(HOOK, REFUSED, _SILENT_1X.format("use on_fit_start")),
+    "on_configure_sharded_model": Name(HOOK, REFUSED, _SILENT_1X.format("use setup(trainer, pl_module, stage)")),
+    "on_before_accelerator_backend_setup": Name(HOOK, REFUSED, _SILENT_1X.format(
+        "use setup(trainer, pl_module, stage)")),
 }
 
 DATAMODULE_NAMES: dict[str, Name] = {

@@ -15,6 +15,7 @@ from trainer.lightning_names import (
     DATAMODULE_NAMES,
     HOOK,
     MODULE_NAMES,
+    REMOVED_CALLBACK_NAMES,
     REMOVED_MODULE_NAMES,
     SUPPORTED,
     Name,
@@ -43,7 +44,8 @@ def _uncalled(obj: Any, base: type, table: dict[str, Name]) -> list[str]:
 
 
 def refuse_uncalled_hooks(module: Any, datamodule: Any, callbacks: list[Any]) -> None:
-    """Raise MisconfigurationError naming every Lightning hook the user defined that would never be called."""
+    """Raise MisconfigurationError naming every Lightning hook the user defined that would never be called
+    (Lightning 1.x hooks that 2.x removed included)."""
     from callbacks.base import Callback
     from trainer.datamodule import DataModule
     from trainer.module import TrainModule
@@ -52,6 +54,6 @@ def refuse_uncalled_hooks(module: Any, datamodule: Any, callbacks: list[Any]) ->
     if datamodule is not None:
         problems += _uncalled(datamodule, DataModule, DATAMODULE_NAMES)
     for callback in callbacks:
-        problems += _uncalled(callback, Callback, CALLBACK_NAMES)
+        problems += _uncalled(callback, Callback, {**CALLBACK_NAMES, **REMOVED_CALLBACK_NAMES})
     if problems:
         raise MisconfigurationError("\n".join(problems))

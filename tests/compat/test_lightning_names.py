@@ -12,6 +12,7 @@ from trainer.lightning_names import (
     HOOK,
     METHOD,
     MODULE_NAMES,
+    REMOVED_CALLBACK_NAMES,
     REMOVED_MODULE_NAMES,
     SUPPORTED,
 )
@@ -40,11 +41,12 @@ def test_callback_names_are_lightnings():
 def test_removed_names_are_not_in_lightning_2():
     pl = pytest.importorskip("lightning.pytorch")
     assert not set(REMOVED_MODULE_NAMES) & set(dir(pl.LightningModule))
+    assert not set(REMOVED_CALLBACK_NAMES) & set(dir(pl.Callback))
 
 
 def test_every_entry_has_a_kind_and_refusals_say_what_to_do():
     entries = [*MODULE_NAMES.values(), *REMOVED_MODULE_NAMES.values(), *DATAMODULE_NAMES.values(),
-               *CALLBACK_NAMES.values()]
+               *CALLBACK_NAMES.values(), *REMOVED_CALLBACK_NAMES.values()]
     assert {e.kind for e in entries} <= {HOOK, METHOD}
     assert all(e.note for e in entries if e.status == "refused")
     assert all(e.status == SUPPORTED or e.status == "refused" or e.status.startswith("pending: ") for e in entries)

@@ -26,6 +26,29 @@ def test_a_removed_lightning_hook_is_refused_at_the_start_of_every_entry_point(e
         getattr(Trainer(max_epochs=1, **QUIET), entry)(RemovedHook())
 
 
+@pytest.mark.parametrize("name", sorted(names.REMOVED_MODULE_NAMES))
+def test_every_removed_lightning_1x_module_hook_is_refused_with_what_to_do(name: str):
+    model = BoringModel()
+    setattr(model, name, lambda *args: None)
+    expected = f"BoringModel.{name}` .*{_escaped_start(name, names.REMOVED_MODULE_NAMES)}"
+    with pytest.raises(MisconfigurationError, match=expected):
+        Trainer(max_epochs=1, **QUIET).fit(model)
+
+
+@pytest.mark.parametrize("name", sorted(names.REMOVED_CALLBACK_NAMES))
+def test_every_removed_lightning_1x_callback_hook_is_refused_with_what_to_do(name: str):
+    old = type("OldCallback", (Callback,), {name: lambda self, *args: None})()
+    with pytest.raises(MisconfigurationError,
+                       match=f"OldCallback.{name}` .*{_escaped_start(name, names.REMOVED_CALLBACK_NAMES)}"):
+        Trainer(max_epochs=1, **{**QUIET, "callbacks": [old]}).fit(BoringModel())
+
+
+def _escaped_start(name: str, table: dict[str, names.Name]) -> str:
+    import re
+
+    return re.escape(table[name].note[:40])
+
+
 def test_configure_sharded_model_is_refused_with_the_new_name():
     class Old(BoringModel):
         def configure_sharded_model(self) -> None:
