@@ -245,9 +245,13 @@ class Strategy(ABC):
         """Kwargs for a DistributedSampler (num_replicas, rank), or None when no sampler is injected."""
         return None
 
-    def batch_to_device(self, batch: Any) -> Any:
-        """Move the tensors of a (nested) batch to this rank's device, cast for `*-true` precisions."""
-        return self.precision.convert_input(move_to_device(batch, self.root_device))
+    def batch_to_device(self, batch: Any, move: Callable[[Any, torch.device], Any] | None = None) -> Any:
+        """Move the tensors of a (nested) batch to this rank's device, cast for `*-true` precisions.
+
+        `move(batch, device)` replaces the default move (the module's `transfer_batch_to_device`).
+        """
+        moved = move_to_device(batch, self.root_device) if move is None else move(batch, self.root_device)
+        return self.precision.convert_input(moved)
 
     # --- collectives (identities when world_size == 1) ------------------------------------------
     def all_reduce(self, tensor: Tensor, op: ReduceOp = "mean") -> Tensor:
@@ -342,3 +346,10 @@ class Strategy(ABC):
         if self._model is None:
             raise RuntimeError("Strategy.setup_module() has not run yet.")
         return self._model
+
+    @property
+    def wrapped_module(self) -> nn.Module:
+        """What `Trainer.model` shows: the wrapper (DDP, DataParallel) whose `forward` runs the steps, or the user's
+        module itself when nothing wraps it (one device; ZeRO-2/3, which shard the module in place)."""
+        model = self.model
+        return self.module if isinstance(model, _StepRouter) else model

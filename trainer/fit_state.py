@@ -20,6 +20,7 @@ from torch.optim import Optimizer
 
 from strategies.base import Strategy
 from strategies.strategy_optimizer import _StrategyOptimizer
+from trainer.batch_transfer import BatchTransfer
 from trainer.control import ControlPlane
 from trainer.flags import RunSpec
 from trainer.hooks import HookDispatcher
@@ -65,6 +66,8 @@ class FitState:
         resume_point: where a restored checkpoint left off, consumed by the next training epoch.
         module: the TrainModule attached to the run (None before the first one).
         launcher_pid: the process that built the Trainer; a rank in another one (spawn) sends its outcome back.
+        transfer: the batch-transfer hooks (trainer/batch_transfer.py), picked once per run.
+        no_batch_idx: the step methods whose signature takes no `batch_idx` (trainer/step_signature.py).
     """
 
     trainer: Trainer
@@ -90,6 +93,8 @@ class FitState:
     resume_point: ResumePoint | None = None
     module: Any = None
     launcher_pid: int = field(default_factory=os.getpid)
+    transfer: BatchTransfer = field(default_factory=BatchTransfer)
+    no_batch_idx: frozenset[str] = frozenset()
 
     @contextmanager
     def using_results(self, results: ResultCollection) -> Iterator[ResultCollection]:
@@ -108,10 +113,16 @@ class FitState:
         """`module.<name>(*args)` through the strategy's wrapper, with `self.log` attributed to that step."""
         results = self.results
         previous, results.current_fx = results.current_fx, name  # inside optimizer_step: back to it afterwards
+        if name in self.no_batch_idx:  # `training_step(self, batch)`: called without batch_idx, as in Lightning
+            args = args[:1] + args[2:]
         try:
             return self.strategy.step(name, *args)
         finally:
             results.current_fx = previous
+
+    def to_device(self, batch: Any, dataloader_idx: int = 0) -> Any:
+        """The batch on the run's device, through the batch-transfer hooks when the user defined any."""
+        return self.transfer(self.strategy, batch, dataloader_idx)
 
     def clip_gradients(self, optimizer: Optimizer) -> None:
         """Clip as `gradient_clip_val` / `gradient_clip_algorithm` say; nothing when the value is None or 0."""

@@ -71,6 +71,13 @@ Notes on the pseudocode:
 - `validate`/`test` run the validation block above with their own stage names
   (on_test_start, on_test_epoch_start, ...), between setup and teardown.
 - On an exception, callbacks get `on_exception(trainer, module, exc)` before teardown.
+- Module and DataModule hooks around the pseudocode (they are not callback hooks, as in Lightning):
+  `configure_callbacks` at the start of every run, then `prepare_data` (once per machine) before setup,
+  and `configure_model` right after setup; before every batch's `on_*_batch_start`,
+  `on_before_batch_transfer`, `transfer_batch_to_device` and `on_after_batch_transfer` (the DataModule's
+  when it defines them); `on_validation_model_eval` before `on_validation_start` (after
+  `on_sanity_check_start`) and `on_validation_model_train` after `on_validation_end`, likewise for test
+  and `on_predict_model_eval`; `on_validation_model_zero_grad` before a validation inside fit.
 - A fit() on a Trainer that already reached max_epochs/max_steps runs only setup, configure_optimizers,
   on_fit_start, on_fit_end and teardown (as in Lightning).
 """

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,13 +13,16 @@ from torch.optim import Optimizer
 from strategies.exceptions import MisconfigurationError
 from trainer.data_hooks import DataHooks
 from trainer.hparams import HyperparametersMixin
+from trainer.log_options import check_log_options, reduce_fx_name
+from trainer.module_extras import ModuleConveniences
+from trainer.module_hooks import MoreModelHooks
 from trainer.module_optim import OptimizationHooks
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
-class TrainModule(HyperparametersMixin, OptimizationHooks, DataHooks, nn.Module):
+class TrainModule(HyperparametersMixin, OptimizationHooks, ModuleConveniences, MoreModelHooks, DataHooks, nn.Module):
     """Subclass this: define `training_step` and `configure_optimizers`, optionally the other hooks.
 
     Every `on_*` hook below is a no-op here; the Trainer calls them in the order documented in trainer.hooks.
@@ -265,31 +268,46 @@ class TrainModule(HyperparametersMixin, OptimizationHooks, DataHooks, nn.Module)
         self,
         name: str,
         value: Any,
+        prog_bar: bool = False,
+        logger: bool | None = None,
         on_step: bool | None = None,
         on_epoch: bool | None = None,
-        prog_bar: bool = False,
-        logger: bool = True,
+        reduce_fx: str | Callable[..., Any] = "mean",
+        enable_graph: bool = False,
         sync_dist: bool = False,
-        reduce_fx: str = "mean",
+        sync_dist_group: Any = None,
+        add_dataloader_idx: bool = True,
         batch_size: int | None = None,
+        metric_attribute: str | None = None,
+        rank_zero_only: bool = False,
     ) -> None:
         """Record a metric for the loggers, the progress bar and callbacks (`trainer.callback_metrics`).
 
+        Lightning's parameters, in Lightning's order (`self.log("x", v, True)` means `prog_bar=True`).
         Defaults follow Lightning: per step in training hooks, per epoch in evaluation hooks.
 
         Args:
             name: the key; with both `on_step` and `on_epoch` the logged keys are `name_step` and `name_epoch`.
-            value: a number, a one-element tensor, or a `torchmetrics.Metric` (computed and reset at epoch end).
+            value: a number, a one-element tensor, or a `torchmetrics.Metric` (computed at epoch end, and reset
+                after the epoch-end hooks, so `compute()` inside them gives the epoch value).
+            prog_bar: also show it on the progress bar.
+            logger: send it to the loggers (None: True).
             on_step: log the value of this step (default: True in training hooks, False in evaluation).
             on_epoch: log the epoch's reduction (default: False in training hooks, True in evaluation).
-            prog_bar: also show it on the progress bar.
-            logger: send it to the loggers.
+            reduce_fx: `"mean"` (weighted by batch size), `"sum"`, `"max"` or `"min"` (or `torch.mean`,
+                `torch.sum`, `torch.max`, `torch.min`) for the epoch value.
+            enable_graph: must stay False: logged values are detached.
             sync_dist: reduce the value across ranks first (one collective per call).
-            reduce_fx: `"mean"` (weighted by batch size), `"sum"`, `"max"` or `"min"` for the epoch value.
+            sync_dist_group: must stay None: values are reduced over all ranks.
+            add_dataloader_idx: with several evaluation loaders, append `/dataloader_idx_N` to the name (False:
+                the name as given, which then must differ between loaders).
             batch_size: the weight of this value in the epoch mean; inferred from the batch when None.
+            metric_attribute: accepted for Lightning code; not needed here (a Metric value is used directly).
+            rank_zero_only: the call is made on rank 0 only; such a value cannot use `sync_dist`.
 
         Raises:
-            MisconfigurationError: outside a hook where logging makes sense (e.g. `setup`), or with no Trainer.
+            MisconfigurationError: outside a hook where logging makes sense (e.g. `setup`), with no Trainer, or
+                with an option this project does not support (named in the message).
         """
         if self._trainer is None:
             raise MisconfigurationError(
@@ -297,13 +315,31 @@ class TrainModule(HyperparametersMixin, OptimizationHooks, DataHooks, nn.Module)
             )
         if not isinstance(name, str) or not name:
             raise MisconfigurationError(f"self.log() needs a non-empty string name, got {name!r}.")
-        self._trainer.fit_state.results.log(name, value, on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx,
-                                            batch_size)
+        check_log_options(name, enable_graph, sync_dist, sync_dist_group, add_dataloader_idx, rank_zero_only)
+        self._trainer.fit_state.results.log(
+            name, value, on_step, on_epoch, prog_bar, True if logger is None else logger, sync_dist,
+            reduce_fx_name(reduce_fx), batch_size, add_dataloader_idx,
+        )
 
-    def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
-        """`self.log` for every item of the dict, with the same options."""
+    def log_dict(
+        self,
+        dictionary: Mapping[str, Any],
+        prog_bar: bool = False,
+        logger: bool | None = None,
+        on_step: bool | None = None,
+        on_epoch: bool | None = None,
+        reduce_fx: str | Callable[..., Any] = "mean",
+        enable_graph: bool = False,
+        sync_dist: bool = False,
+        sync_dist_group: Any = None,
+        add_dataloader_idx: bool = True,
+        batch_size: int | None = None,
+        rank_zero_only: bool = False,
+    ) -> None:
+        """`self.log` for every item of the dict (or a torchmetrics `MetricCollection`), with the same options."""
         for name, value in dictionary.items():
-            self.log(name, value, **kwargs)
+            self.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph, sync_dist,
+                     sync_dist_group, add_dataloader_idx, batch_size, None, rank_zero_only)
 
 
     # --- checkpoints -----------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import torch
 from strategies.checkpoint_io import remove_stale_temp_files
 from strategies.exceptions import ConfigError, MisconfigurationError
 from trainer import checkpoint as ckpt
-from trainer import failure, loops, optimizer_path
+from trainer import failure, loops, optimizer_path, run_start
 from trainer.control import ControlPlane
 from trainer.fit_state import FitState
 from trainer.flags import FLAG_NAMES, parse_flags
@@ -179,6 +179,7 @@ class Trainer(TrainerProperties):
     def _run(self, fn: TrainerFn, model: Any, datamodule: Any, loaders: dict[str, Any],
              ckpt_path: str | Path | None) -> Any:
         model = self._attach(fn, model, datamodule)
+        run_start.before_environment(self, model)  # configure_callbacks, then the uncalled-hook check
         self.state.fn, self.state.status = fn, TrainerStatus.RUNNING
         stage, loop = fn.value, self.fit_state
         try:
@@ -187,11 +188,13 @@ class Trainer(TrainerProperties):
             loop.train_results.defer_sync = self.world_size > 1
             self._agree_logger_versions()
             enable_determinism(loop.spec.deterministic)
+            run_start.prepare_data(self, model)
             if self.datamodule is not None:
-                self.datamodule.prepare_data()
                 self.datamodule.setup(stage)
             call_hook(loop, "setup", stage)
+            run_start.configure_model(model)
             loop.loaders.resolve(loop.spec, self.strategy, model, self.datamodule, fn, loaders)
+            run_start.read_signatures(loop, model, fn)
             self.strategy.setup_module(model)
             path = resolve_ckpt_path(self, ckpt_path)
             checkpoint = None
@@ -206,6 +209,8 @@ class Trainer(TrainerProperties):
             self.state.status = TrainerStatus.INTERRUPTED
             clearer = self._report_failure(exc)
             call_hook(loop, "on_exception", exc)
+            if self.datamodule is not None:
+                self.datamodule.on_exception(exc)
             if isinstance(exc, KeyboardInterrupt):  # Ctrl-C: teardown runs, and code after fit() does not
                 raise SystemExit(failure.INTERRUPTED_EXIT_CODE) from None
             if clearer is not None:
