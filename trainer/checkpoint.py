@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from strategies.checkpoint_io import safe_load
-from strategies.exceptions import CheckpointLoadError, CheckpointSaveError
+from strategies.exceptions import CheckpointLoadError, CheckpointSaveError, MisconfigurationError
 from strategies.weights_only import refusal
 from trainer.checkpoint_contents import check_contents, check_resumable
 from trainer.hparams import hparams_entries
@@ -125,10 +125,11 @@ def describe_mismatch(model_state: Mapping[str, Any], saved: Mapping[str, Any], 
     return "; ".join(parts)
 
 
-def restore_module(strategy: Strategy, checkpoint: Mapping[str, Any], path: str | Path) -> None:
-    """Load weights (before optimizers are built, so sharded strategies shard the loaded values)."""
+def restore_module(strategy: Strategy, checkpoint: Mapping[str, Any], path: str | Path, strict: bool = True) -> None:
+    """Load weights (before optimizers are built, so sharded strategies shard the loaded values); `strict` is the
+    module's `strict_loading`."""
     try:
-        strategy.load_module_state_dict(checkpoint["state_dict"])
+        strategy.load_module_state_dict(checkpoint["state_dict"], strict=strict)
     except RuntimeError as err:
         diff = describe_mismatch(strategy.module.state_dict(), checkpoint["state_dict"])
         raise CheckpointLoadError(
@@ -207,19 +208,28 @@ def _instantiate(cls: type, hparams: dict[str, Any], path: str | Path) -> Any:
 
 
 def load_module_from_checkpoint(
-    cls: type[TrainModule], path: str | Path, map_location: Any, strict: bool, overrides: dict[str, Any],
+    cls: type[TrainModule], path: str | Path, map_location: Any, strict: bool | None, overrides: dict[str, Any],
     hparams_file: str | Path | None = None,
 ) -> TrainModule:
+    """Lightning's order: build the module, `configure_model`, `on_load_checkpoint` (which may edit the
+    checkpoint's state_dict), then load the weights."""
     checkpoint = _adopt_foreign(safe_load(path, map_location=map_location or "cpu"), path, 1)
     _check_format(checkpoint, path)
     module = _instantiate(cls, _rebuild_arguments(cls, checkpoint, "hparams", path, hparams_file, overrides), path)
+    if strict is not None and module.__dict__.get("_strict_loading") not in (None, strict):
+        raise MisconfigurationError(
+            f"{cls.__name__}.load_from_checkpoint(..., strict={strict!r}) contradicts the module's "
+            f"strict_loading={module.strict_loading!r} set in __init__: give the same value to both, or leave one out."
+        )
+    strict = module.strict_loading if strict is None else strict
+    module.configure_model()
+    module.on_load_checkpoint(checkpoint)
     try:
         module.load_state_dict(checkpoint["state_dict"], strict=strict)
     except RuntimeError as err:
         diff = describe_mismatch(module.state_dict(), checkpoint["state_dict"])
         hint = " Pass strict=False to load the matching keys only." if strict else ""
         raise CheckpointLoadError(f"{path} does not match {cls.__name__}: {diff or err}.{hint}") from err
-    module.on_load_checkpoint(checkpoint)
     return module
 
 

@@ -20,6 +20,9 @@ class DataModule(HyperparametersMixin, DataHooks):
     """
 
     name: str | None = None
+    CHECKPOINT_HYPER_PARAMS_KEY = "datamodule_hyper_parameters"
+    CHECKPOINT_HYPER_PARAMS_NAME = "datamodule_hparams_name"
+    CHECKPOINT_HYPER_PARAMS_TYPE = "datamodule_hparams_type"
 
     def __init__(self) -> None:
         self.trainer: Any = None

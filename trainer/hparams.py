@@ -26,7 +26,17 @@ from trainer.hparams_forms import rebuild_arguments, stored_forms
 
 
 class HyperparametersMixin:
-    """Records `__init__` arguments for checkpoints and loggers (Lightning's `save_hyperparameters`)."""
+    """Records `__init__` arguments for checkpoints and loggers (Lightning's `save_hyperparameters`).
+
+    The `CHECKPOINT_HYPER_PARAMS_*` constants are the checkpoint keys the hyperparameters are saved under, so an
+    `on_load_checkpoint` can read `checkpoint[self.CHECKPOINT_HYPER_PARAMS_KEY]` as under Lightning. Lightning's
+    `*_TYPE` key (the pickled class of a non-dict `hparams`) is never written here: hyperparameters are saved as a
+    plain dict, and a Lightning checkpoint's type entry is not unpickled.
+    """
+
+    CHECKPOINT_HYPER_PARAMS_KEY = "hparams"
+    CHECKPOINT_HYPER_PARAMS_NAME = "hparams_name"
+    CHECKPOINT_HYPER_PARAMS_TYPE = "hparams_type"
 
     @property
     def hparams(self) -> AttributeDict:
@@ -78,6 +88,12 @@ class HyperparametersMixin:
         if needed:
             modules = [key for key in needed if isinstance(hparams.get(key), nn.Module)]
             _warn_replaced(type(self).__name__, needed, modules)
+
+    def remove_ignored_hparams(self, ignore_list: list[str]) -> None:
+        """Drop recorded hyperparameters by name: a subclass leaving out what a base class's
+        `save_hyperparameters()` recorded (`hparams_initial` keeps them, as in Lightning)."""
+        for key in ignore_list:
+            self.hparams.pop(key, None)
 
     def _chosen_hyperparameters(self, args: tuple[Any, ...], frame: types.FrameType | None,
                                 ) -> tuple[dict[str, Any], str | None]:

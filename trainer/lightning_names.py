@@ -7,8 +7,6 @@ Statuses:
 - "supported": implemented with Lightning's meaning (docs/from-lightning.md names each test).
 - "refused": not provided; defining such a hook is an error at the start of a run, calling such a method raises,
   and the note says what to do instead.
-- "pending: ...": being implemented on another branch of issue 20; until it lands, a hook with this status is refused
-  like a "refused" one (never silently skipped).
 """
 
 from __future__ import annotations
@@ -17,8 +15,6 @@ from typing import NamedTuple
 
 SUPPORTED = "supported"
 REFUSED = "refused"
-PENDING_OPTIMIZER_PATH = "pending: the overridable optimizer path"
-PENDING_HPARAMS_CHECKPOINTS = "pending: hyperparameters and Lightning checkpoints"
 
 HOOK = "hook"  # the Trainer calls it: a definition it would not call must be refused
 METHOD = "method"  # the user calls it or sets it (a method, property, attribute or constant)
@@ -31,8 +27,6 @@ class Name(NamedTuple):
 
 
 _S_HOOK, _S_METHOD = Name(HOOK, SUPPORTED), Name(METHOD, SUPPORTED)
-_A_HOOK, _A_METHOD = _S_HOOK, _S_METHOD  # the optimizer path (issue20-optim), merged
-_B_METHOD = _S_METHOD  # hyperparameters and checkpoints (issue20-hparams), merged
 
 _REMOVED_IN_2_0 = "removed in Lightning 2.0 (Lightning refuses it too): use `on_{}_epoch_end` and keep the step " \
                   "outputs you need in a list on `self`"
@@ -40,11 +34,11 @@ _REMOVED_IN_2_0 = "removed in Lightning 2.0 (Lightning refuses it too): use `on_
 MODULE_NAMES: dict[str, Name] = {
     **dict.fromkeys(("CHECKPOINT_HYPER_PARAMS_KEY", "CHECKPOINT_HYPER_PARAMS_NAME", "CHECKPOINT_HYPER_PARAMS_TYPE",
                      "hparams_initial", "load_from_checkpoint", "remove_ignored_hparams", "save_hyperparameters",
-                     "strict_loading"), _B_METHOD),
+                     "strict_loading"), _S_METHOD),
     **dict.fromkeys(("backward", "configure_gradient_clipping", "lr_scheduler_step", "optimizer_step",
-                     "optimizer_zero_grad"), _A_HOOK),
+                     "optimizer_zero_grad"), _S_HOOK),
     **dict.fromkeys(("manual_backward", "optimizers", "toggle_optimizer", "toggled_optimizer",
-                     "untoggle_optimizer"), _A_METHOD),
+                     "untoggle_optimizer"), _S_METHOD),
     **dict.fromkeys(("all_gather", "automatic_optimization", "clip_gradients", "current_epoch", "device", "dtype",
                      "example_input_array", "freeze", "global_rank", "global_step", "hparams", "local_rank", "log",
                      "log_dict", "logger", "loggers", "lr_schedulers", "on_gpu", "print", "to_onnx", "trainer",
@@ -114,7 +108,7 @@ REMOVED_CALLBACK_NAMES: dict[str, Name] = {
 DATAMODULE_NAMES: dict[str, Name] = {
     **dict.fromkeys(("CHECKPOINT_HYPER_PARAMS_KEY", "CHECKPOINT_HYPER_PARAMS_NAME", "CHECKPOINT_HYPER_PARAMS_TYPE",
                      "hparams_initial", "load_from_checkpoint", "remove_ignored_hparams", "save_hyperparameters"),
-                    _B_METHOD),
+                    _S_METHOD),
     **dict.fromkeys(("from_datasets", "hparams", "name"), _S_METHOD),
     **dict.fromkeys(("load_state_dict", "on_after_batch_transfer", "on_before_batch_transfer", "on_exception",
                      "predict_dataloader", "prepare_data", "setup", "state_dict", "teardown", "test_dataloader",

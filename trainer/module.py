@@ -59,6 +59,7 @@ class TrainModule(HyperparametersMixin, OptimizationHooks, ModuleConveniences, M
         super().__init__(*args, **kwargs)
         self._trainer: Trainer | None = None
         self.automatic_optimization: bool = True
+        self._strict_loading: bool | None = None
 
     # --- properties --------------------------------------------------------------------------
     @property
@@ -71,6 +72,16 @@ class TrainModule(HyperparametersMixin, OptimizationHooks, ModuleConveniences, M
     @trainer.setter
     def trainer(self, trainer: Trainer | None) -> None:
         self._trainer = trainer
+
+    @property
+    def strict_loading(self) -> bool:
+        """Whether checkpoint weights must match this module's keys exactly (`fit(ckpt_path=...)`, and
+        `load_from_checkpoint` when it is not given `strict`); True unless set to False, as in Lightning."""
+        return self._strict_loading in (None, True)
+
+    @strict_loading.setter
+    def strict_loading(self, strict: bool) -> None:
+        self._strict_loading = strict
 
     @property
     def device(self) -> torch.device:
@@ -354,10 +365,10 @@ class TrainModule(HyperparametersMixin, OptimizationHooks, ModuleConveniences, M
             checkpoint_path: a checkpoint file (path or URL).
             map_location: where to load tensors (default: the CPU).
             hparams_file: a `.yaml` or `.csv` whose values update the saved hparams (Lightning's argument).
-            strict: match the weights' keys exactly (None means True, as in Lightning).
+            strict: match the weights' keys exactly (None: the new module's `strict_loading`, True by default;
+                a value that contradicts a `strict_loading` set in `__init__` is an error, as in Lightning).
             **overrides: `__init__` arguments replacing saved ones; those stored by name only must come here.
         """
         from trainer.checkpoint import load_module_from_checkpoint
 
-        return load_module_from_checkpoint(cls, checkpoint_path, map_location, strict is not False, overrides,
-                                           hparams_file)
+        return load_module_from_checkpoint(cls, checkpoint_path, map_location, strict, overrides, hparams_file)

@@ -200,8 +200,8 @@ class Trainer(TrainerProperties):
             checkpoint = None
             if path:
                 checkpoint = ckpt.load_checkpoint_file(self.strategy, path)
-                ckpt.restore_module(self.strategy, checkpoint, path)
-                model.on_load_checkpoint(checkpoint)
+                model.on_load_checkpoint(checkpoint)  # first, as in Lightning: it may edit the state_dict
+                ckpt.restore_module(self.strategy, checkpoint, path, strict=model.strict_loading)
             if fn == TrainerFn.FITTING:
                 return self._fit(model, checkpoint, path)
             return self._evaluate_or_predict(fn, loaders)

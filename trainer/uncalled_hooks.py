@@ -21,8 +21,8 @@ from trainer.lightning_names import (
     Name,
 )
 
-_NOT_YET = ("this Trainer does not call it yet: remove the method, or move what it does into training_step or a "
-            "Callback (docs/from-lightning.md lists every Lightning name and its status)")
+_NOT_CALLED = ("this Trainer does not call it: remove the method, or move what it does into training_step or a "
+               "Callback (docs/from-lightning.md lists every Lightning name and its status)")
 
 
 def _user_defined(obj: Any, base: type) -> set[str]:
@@ -38,7 +38,7 @@ def _uncalled(obj: Any, base: type, table: dict[str, Name]) -> list[str]:
     for name in sorted(_user_defined(obj, base) & table.keys()):
         entry = table[name]
         if entry.kind == HOOK and entry.status != SUPPORTED:
-            why = entry.note or _NOT_YET
+            why = entry.note or _NOT_CALLED
             problems.append(f"`{type(obj).__name__}.{name}` is a Lightning hook that is not called here; {why}.")
     return problems
 

@@ -1,6 +1,5 @@
 """docs/from-lightning.md's name tables cannot drift: every Lightning name in trainer/lightning_names.py has exactly
-one row with the same kind and status; every supported or refused row names a test that exists and covers that name;
-a row without a test must say "pending" and have a pending status (the parts of issue 20 still on other branches)."""
+one row with the same kind and status; every row names a test that exists and covers that name."""
 
 from __future__ import annotations
 
@@ -61,11 +60,9 @@ def _defined_tests(path: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("table", sorted(_TABLES))
-def test_every_supported_or_refused_row_names_a_test_that_exists_and_covers_it(table: str):
+def test_every_row_names_a_test_that_exists_and_covers_it(table: str):
     problems = []
-    for name, _kind, status, test in ROWS[table]:
-        if status.startswith("pending"):
-            continue
+    for name, _kind, _status, test in ROWS[table]:
         match = re.fullmatch(r"`(tests/compat/\w+\.py)::(\w+)`", test)
         if match is None:
             problems.append(f"{name}: test cell {test!r} is not `tests/compat/<file>.py::<test>`")
@@ -76,13 +73,6 @@ def test_every_supported_or_refused_row_names_a_test_that_exists_and_covers_it(t
         elif name not in path.read_text() and _TABLE_VARIABLES[table] not in path.read_text():
             problems.append(f"{name}: {match.group(1)} never mentions it")
     assert problems == []
-
-
-@pytest.mark.parametrize("table", sorted(_TABLES))
-def test_rows_without_a_test_are_marked_pending(table: str):
-    unmarked = [row for row in ROWS[table] if row[3] == "pending" and not row[2].startswith("pending: ")]
-    untested = [row for row in ROWS[table] if row[2].startswith("pending: ") and row[3] != "pending"]
-    assert unmarked == [] and untested == []
 
 
 @pytest.mark.parametrize("table", sorted(_TABLES))

@@ -16,10 +16,10 @@ from trainer.loggers import Logger
 
 
 class Data(DataModule):
-    def __init__(self) -> None:
+    def __init__(self, batch_size: int = 4) -> None:
         super().__init__()
         self.calls: list[str] = []
-        self.hparams.batch_size = 4
+        self.save_hyperparameters()  # only what this records reaches the loggers (hparams set by hand do not)
         self.epochs_seen = 0
 
     def setup(self, stage: str) -> None:

@@ -25,6 +25,13 @@ _EXPECTED_ARGS: dict[str, Any] = {
     "on_before_optimizer_step": lambda a: isinstance(a[0], torch.optim.Optimizer),
     "on_before_zero_grad": lambda a: isinstance(a[0], torch.optim.Optimizer),
     "on_save_checkpoint": lambda a: isinstance(a[0], dict) and "state_dict" in a[0],
+    "optimizer_step": lambda a: isinstance(a[0], int) and isinstance(a[1], int)
+    and isinstance(a[2], torch.optim.Optimizer) and callable(a[3]),
+    "optimizer_zero_grad": lambda a: isinstance(a[0], int) and isinstance(a[1], int)
+    and isinstance(a[2], torch.optim.Optimizer),
+    "backward": lambda a: isinstance(a[0], torch.Tensor) and a[0].requires_grad,
+    "configure_gradient_clipping": lambda a: isinstance(a[0], torch.optim.Optimizer),
+    "lr_scheduler_step": lambda a: isinstance(a[0], torch.optim.lr_scheduler.StepLR) and a[1] is None,
     "on_load_checkpoint": lambda a: isinstance(a[0], dict) and "state_dict" in a[0],
     **{f"on_{s}_batch_start": (lambda a: isinstance(a[0], torch.Tensor) and a[1] >= 0)
        for s in ("validation", "test", "predict")},
@@ -38,8 +45,14 @@ _MODE_HOOKS = ("on_validation_model_eval", "on_validation_model_train", "on_test
 CALLED_HOOKS = sorted(n for n, e in MODULE_NAMES.items() if e.kind == HOOK and e.status == SUPPORTED)
 
 
+class WithScheduler(BoringModel):
+    def configure_optimizers(self) -> Any:  # a scheduler, so that lr_scheduler_step is called too
+        opt = torch.optim.SGD(self.parameters(), lr=0.1)
+        return [opt], [torch.optim.lr_scheduler.StepLR(opt, 1)]
+
+
 def _recording(name: str) -> Any:
-    base = getattr(BoringModel, name)
+    base = getattr(WithScheduler, name)
 
     def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
         self.calls.setdefault(name, []).append(args)
@@ -48,7 +61,7 @@ def _recording(name: str) -> Any:
     return hook
 
 
-Recorder = type("Recorder", (BoringModel,), {name: _recording(name) for name in CALLED_HOOKS})
+Recorder = type("Recorder", (WithScheduler,), {name: _recording(name) for name in CALLED_HOOKS})
 
 
 def _init(self: Any) -> None:

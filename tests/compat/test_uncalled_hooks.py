@@ -119,17 +119,6 @@ def test_the_check_covers_the_datamodule(monkeypatch: pytest.MonkeyPatch):
         Trainer(max_epochs=1, **QUIET).fit(BoringModel(), datamodule=Data())
 
 
-def test_pending_hooks_are_refused_until_they_are_implemented():
-    pending = [n for n, e in names.MODULE_NAMES.items() if e.kind == names.HOOK and e.status.startswith("pending")]
-    if not pending:
-        pytest.skip("no pending hooks left")
-
-    model = BoringModel()
-    setattr(model, pending[0], lambda *args, **kwargs: None)
-    with pytest.raises(MisconfigurationError, match=f"BoringModel.{pending[0]}.*not call it yet"):
-        Trainer(max_epochs=1, **QUIET).fit(model)
-
-
 def test_methods_a_user_calls_are_not_refused_when_defined():
     class OwnPrint(BoringModel):
         def print(self, *args: Any, **kwargs: Any) -> None:  # a method the user calls: theirs is fine
