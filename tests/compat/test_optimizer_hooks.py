@@ -107,13 +107,15 @@ def test_lr_scheduler_step_drives_a_custom_scheduler():
     assert trainer.optimizers[0].param_groups[0]["lr"] == 0.05 * 0.5 ** 3
 
 
-def test_lr_scheduler_step_gets_the_monitored_metric():
-    class Model(Regression):
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            loss = super().training_step(batch, batch_idx)
-            self.log("train_loss", loss, on_epoch=True)
-            return loss
+class LogsLoss(Regression):
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        self.log("train_loss", loss, on_epoch=True)  # the metric the schedulers below monitor
+        return loss
 
+
+def test_lr_scheduler_step_gets_the_monitored_metric():
+    class Model(LogsLoss):
         def configure_optimizers(self) -> Any:
             opt = super().configure_optimizers()
             plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
@@ -148,12 +150,7 @@ class HalvingPlateau(HalvingSchedule):
 
 
 def test_the_reduce_on_plateau_key_sends_the_monitored_metric_to_lr_scheduler_step():
-    class Model(Regression):
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            loss = super().training_step(batch, batch_idx)
-            self.log("train_loss", loss, on_epoch=True)
-            return loss
-
+    class Model(LogsLoss):
         def configure_optimizers(self) -> Any:
             opt = super().configure_optimizers()
             return {"optimizer": opt, "lr_scheduler": {"scheduler": HalvingPlateau(opt), "reduce_on_plateau": True,
