@@ -5,8 +5,10 @@
     python benchmarks/run_all.py --only overhead,import_time
     python benchmarks/run_all.py --report           # no runs: regenerate the docs from the results there are
     python benchmarks/run_all.py --quick --results-dir /tmp/r --no-docs   # leave the repo untouched
+    python benchmarks/run_all.py --quick --jobs 2   # two at once: a smoke run only (CI's test does this)
 
-Each benchmark runs in its own Python process (this interpreter), never two at once, with this checkout
+Each benchmark runs in its own Python process (this interpreter), never two at once unless `--jobs` says so
+(quick mode only: figures taken side by side are not comparable), with this checkout
 first on PYTHONPATH, and writes `<results-dir>/<name>.json`. `<results-dir>/suite.json` records what ran, how
 long it took and how it ended. A benchmark whose script is absent, or that needs CUDA on a machine without
 it, is recorded as not run; one that fails makes the exit status 1, after the others have run.
@@ -21,6 +23,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +39,9 @@ def cuda_available() -> bool:
     return done.stdout.strip() == "True"
 
 
-def run_one(bench: Benchmark, quick: bool, results_dir: Path) -> dict[str, Any]:
-    """Run one benchmark's script; what happened, for suite.json."""
+def run_one(bench: Benchmark, quick: bool, results_dir: Path, capture: bool = False) -> dict[str, Any]:
+    """Run one benchmark's script; what happened, for suite.json. With `capture` (several at once) its output is
+    printed in one block when it ends, not interleaved with the others'."""
     out = results_dir / f"{bench.name}.json"
     cmd = [sys.executable, str(bench.path), *bench.args(quick), "--out", str(out)]
     path = os.environ.get("PYTHONPATH")
@@ -47,7 +51,10 @@ def run_one(bench: Benchmark, quick: bool, results_dir: Path) -> dict[str, Any]:
     started = time.perf_counter()
     try:
         # cwd: the results folder, so nothing a benchmark writes by relative path lands in the repo
-        done = subprocess.run(cmd, cwd=results_dir, env=env, timeout=bench.timeout_s)
+        done = subprocess.run(cmd, cwd=results_dir, env=env, timeout=bench.timeout_s, capture_output=capture,
+                              text=True)
+        if capture:
+            print(done.stdout + done.stderr, end="", flush=True)
         status = "ok" if done.returncode == 0 and out.is_file() else f"failed (exit status {done.returncode})"
     except subprocess.TimeoutExpired:
         status = f"failed (timed out after {bench.timeout_s} s)"
@@ -56,13 +63,14 @@ def run_one(bench: Benchmark, quick: bool, results_dir: Path) -> dict[str, Any]:
     return {"status": status, "seconds": round(seconds, 1), "command": cmd[1:]}
 
 
-def run_suite(benches: list[Benchmark], quick: bool, results_dir: Path) -> dict[str, Any]:
+def run_suite(benches: list[Benchmark], quick: bool, results_dir: Path, jobs: int = 1) -> dict[str, Any]:
     results_dir.mkdir(parents=True, exist_ok=True)
     suite_file = results_dir / "suite.json"
     previous = json.loads(suite_file.read_text()) if suite_file.is_file() else {}
     runs: dict[str, Any] = dict(previous.get("runs", {}))  # --only keeps what the other benchmarks last did
     has_cuda: bool | None = None
     started = time.perf_counter()
+    runnable = []
     for bench in benches:
         if not bench.present:
             runs[bench.name] = {"status": f"not run (benchmarks/{bench.script} is not there yet)", "seconds": 0}
@@ -72,8 +80,15 @@ def run_suite(benches: list[Benchmark], quick: bool, results_dir: Path) -> dict[
             if not has_cuda:
                 runs[bench.name] = {"status": "not run (needs CUDA)", "seconds": 0}
                 continue
-        runs[bench.name] = {**run_one(bench, quick, results_dir), "mode": "quick" if quick else "full",
-                            "date": datetime.datetime.now().isoformat(timespec="seconds")}
+        runnable.append(bench)
+
+    def run(bench: Benchmark) -> dict[str, Any]:
+        return {**run_one(bench, quick, results_dir, capture=jobs > 1), "mode": "quick" if quick else "full",
+                "date": datetime.datetime.now().isoformat(timespec="seconds")}
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for bench, outcome in zip(runnable, pool.map(run, runnable), strict=True):
+            runs[bench.name] = outcome
     summary = {"mode": "quick" if quick else "full", "date": datetime.datetime.now().isoformat(timespec="seconds"),
                "benchmarks": [b.name for b in benches], "seconds": round(time.perf_counter() - started, 1),
                "runs": runs}
@@ -88,6 +103,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--results-dir", type=Path, default=RESULTS, help=f"where results go (default {RESULTS})")
     parser.add_argument("--no-docs", action="store_true", help="do not regenerate docs/benchmarks.md and its plots")
     parser.add_argument("--report", action="store_true", help="run nothing; regenerate the docs from the results")
+    parser.add_argument("--jobs", type=int, default=1, help="benchmarks run at once (more than 1 needs --quick)")
     parser.add_argument("--docs", type=Path, default=None, help="the page to regenerate (default docs/benchmarks.md)")
     parser.add_argument("--img-dir", type=Path, default=None, help="where the plots go (default docs/img)")
     return parser.parse_args(argv)
@@ -95,11 +111,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.jobs < 1 or (args.jobs > 1 and not args.quick):
+        print(f"--jobs {args.jobs}: use 1, or more with --quick only (benchmarks run side by side slow each other "
+              "down, so their figures are not comparable)", file=sys.stderr)
+        return 2
     args.results_dir = args.results_dir.resolve()  # the benchmarks run inside it
     benches = by_name([n.strip() for n in args.only.split(",") if n.strip()]) if args.only else list(BENCHMARKS)
     failed: list[str] = []
     if not args.report:
-        summary = run_suite(benches, args.quick, args.results_dir)
+        summary = run_suite(benches, args.quick, args.results_dir, args.jobs)
         print(f"\nsuite ({summary['mode']}) took {summary['seconds']:.0f} s")
         for name in summary["benchmarks"]:
             run = summary["runs"][name]

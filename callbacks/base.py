@@ -99,13 +99,14 @@ class Callback:
         """Called after backward; `.grad` holds the gradients (under 16-mixed, still scaled)."""
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: TrainModule, optimizer: Optimizer) -> None:
-        """Called before each optimizer step.
+        """Called before each optimizer step, after its closure (training_step and backward) ran.
 
         In automatic optimization the gradients are unscaled by then, and not yet clipped.
         """
 
     def on_before_zero_grad(self, trainer: Trainer, pl_module: TrainModule, optimizer: Optimizer) -> None:
-        """Called after the optimizer step, just before the gradients are zeroed."""
+        """Called just before the gradients are zeroed: after training_step and before backward, on the first batch of
+        each accumulation window (as in Lightning)."""
 
     def on_validation_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
         """Called at the start of every validation run, the sanity check included."""

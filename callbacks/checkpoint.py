@@ -140,8 +140,9 @@ class ModelCheckpoint(Callback):
             base = run_folder(trainer.loggers[0], trainer.default_root_dir) if trainer.loggers else \
                 to_path(trainer.default_root_dir)
             self.dirpath = to_path(trainer.strategy.broadcast(str(join(base, "checkpoints"))))
-        if trainer.is_global_zero and self.save_top_k != 0 and self._has_files():
-            rank_zero_warn(f"Checkpoint directory {self.dirpath} exists and is not empty.")  # Lightning's warning
+        # Lightning's warning, for fit only: test/predict after fit would otherwise warn about the run's own files
+        if stage == "fit" and trainer.is_global_zero and self.save_top_k != 0 and self._has_files():
+            rank_zero_warn(f"Checkpoint directory {self.dirpath} exists and is not empty.")
 
     def _has_files(self) -> bool:
         assert self.dirpath is not None

@@ -57,6 +57,14 @@ class ProgressBar(Callback):
         self._eval_bar: Any = None
         self._pending = 0
 
+    def print(self, *args: Any, sep: str = " ", end: str = "\n", **kwargs: Any) -> None:
+        """Print above an open tqdm bar without breaking it (what `TrainModule.print` calls); else plain print."""
+        bar = self._eval_bar or self._bar
+        if bar is None or isinstance(bar, _LineBar):
+            print(*args, sep=sep, end=end, **kwargs)
+            return
+        bar.write(sep.join(map(str, args)), end=end, file=kwargs.get("file"))
+
     def _new_bar(self, trainer: Trainer, desc: str, total: int | float, leave: bool) -> Any:
         if not trainer.is_global_zero:
             return None

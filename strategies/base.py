@@ -19,6 +19,7 @@ from torch.optim import Optimizer
 from strategies import checkpoint_io, distributed
 from strategies.exceptions import CheckpointSaveError
 from strategies.precision import CANONICAL_PRECISIONS, Precision
+from strategies.strategy_optimizer import unwrap_optimizer
 
 T = TypeVar("T")
 ReduceOp = Literal["mean", "sum", "max", "min"]
@@ -44,43 +45,7 @@ class _StepRouter(nn.Module):
             return getattr(self._target, method)(*args, **kwargs)
 
 
-class _StrategyOptimizer:
-    """What `TrainModule.optimizers()` returns in manual optimization: `.step()` goes through the strategy.
-
-    Everything else (param_groups, zero_grad, state_dict, ...) is the wrapped optimizer's own.
-    """
-
-    def __init__(
-        self,
-        optimizer: Optimizer,
-        strategy: Strategy,
-        before_step: Callable[[Optimizer], None],
-        after_step: Callable[[Optimizer, bool], None],
-    ) -> None:
-        self.optimizer = optimizer
-        self._strategy = strategy
-        self._before_step = before_step
-        self._after_step = after_step
-
-    def step(self, closure: Callable[[], Any] | None = None) -> bool:
-        self._before_step(self.optimizer)
-        stepped = self._strategy.optimizer_step(self.optimizer, closure)
-        self._after_step(self.optimizer, stepped)
-        return stepped
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.optimizer, name)
-
-    def __repr__(self) -> str:
-        return f"_StrategyOptimizer({self.optimizer!r})"
-
-
 NULL_CONTEXT = nullcontext()  # reusable; saves building one per step
-
-
-def unwrap_optimizer(optimizer: Any) -> Optimizer:
-    """The torch optimizer behind what `TrainModule.optimizers()` handed out (GradScaler keys state by it)."""
-    return optimizer.optimizer if isinstance(optimizer, _StrategyOptimizer) else optimizer
 
 
 def move_to_device(batch: Any, device: torch.device) -> Any:
@@ -226,18 +191,20 @@ class Strategy(ABC):
     def _not_set_up(*args: Any) -> Any:
         raise RuntimeError("Strategy.setup_module() must run before step().")
 
-    def backward(self, loss: Tensor) -> None:
-        """Backward through the precision object (which scales the loss under 16-mixed)."""
-        self.precision.backward(loss)
+    def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
+        """Backward through the precision object (which scales the loss under 16-mixed), then through the module's
+        own `backward(loss, *args, **kwargs)` hook where it has one (a TrainModule does; it may override it)."""
+        self.precision.backward(loss, getattr(self._module, "backward", None), *args, **kwargs)
 
     def manual_step_context(self) -> AbstractContextManager:
         """Entered around training_step in manual optimization, where backward runs inside the wrapper's forward."""
         return NULL_CONTEXT
 
-    def manual_backward(self, loss: Tensor) -> None:
-        """Backward called by the user inside training_step (manual optimization). A wrapper that prepares its
-        gradient sync after forward returns (DDP) prepares it here instead."""
-        self.backward(loss)
+    def manual_backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
+        """Backward called by the user inside training_step (manual optimization); `args`/`kwargs` go to backward
+        (e.g. retain_graph=True). A wrapper that prepares its gradient sync after forward returns (DDP) prepares it
+        here instead."""
+        self.backward(loss, *args, **kwargs)
 
     def no_backward_sync(self, enabled: bool) -> AbstractContextManager:
         """Skip gradient sync during accumulation (DDP no_sync). Must wrap forward and backward."""
@@ -267,9 +234,10 @@ class Strategy(ABC):
             torch.nn.utils.clip_grad_value_(params, max_value)
         return None
 
-    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None) -> bool:
-        """Step through the precision object; False means the step was skipped (AMP overflow)."""
-        return self.precision.optimizer_step(optimizer, closure)
+    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any) -> bool:
+        """Step through the precision object; False means the step was skipped (AMP overflow, or no gradients).
+        `kwargs` go to the optimizer's own `step`."""
+        return self.precision.optimizer_step(optimizer, closure, **kwargs)
 
     # --- data ---------------------------------------------------------------------------------
     @property
@@ -277,9 +245,13 @@ class Strategy(ABC):
         """Kwargs for a DistributedSampler (num_replicas, rank), or None when no sampler is injected."""
         return None
 
-    def batch_to_device(self, batch: Any) -> Any:
-        """Move the tensors of a (nested) batch to this rank's device, cast for `*-true` precisions."""
-        return self.precision.convert_input(move_to_device(batch, self.root_device))
+    def batch_to_device(self, batch: Any, move: Callable[[Any, torch.device], Any] | None = None) -> Any:
+        """Move the tensors of a (nested) batch to this rank's device, cast for `*-true` precisions.
+
+        `move(batch, device)` replaces the default move (the module's `transfer_batch_to_device`).
+        """
+        moved = move_to_device(batch, self.root_device) if move is None else move(batch, self.root_device)
+        return self.precision.convert_input(moved)
 
     # --- collectives (identities when world_size == 1) ------------------------------------------
     def all_reduce(self, tensor: Tensor, op: ReduceOp = "mean") -> Tensor:
@@ -374,3 +346,10 @@ class Strategy(ABC):
         if self._model is None:
             raise RuntimeError("Strategy.setup_module() has not run yet.")
         return self._model
+
+    @property
+    def wrapped_module(self) -> nn.Module:
+        """What `Trainer.model` shows: the wrapper (DDP, DataParallel) whose `forward` runs the steps, or the user's
+        module itself when nothing wraps it (one device; ZeRO-2/3, which shard the module in place)."""
+        model = self.model
+        return self.module if isinstance(model, _StepRouter) else model

@@ -31,6 +31,7 @@ from strategies.checkpoint_integrity import (
 from strategies.exceptions import CheckpointLoadError, CheckpointSaveError
 from strategies.filesystem import AnyPath, is_remote, to_path
 from strategies.temp_owner import TMP_MARKER, owner_is_gone, temp_name, writer_is_gone
+from strategies.weights_only import LIGHTNING_DICTS, LIGHTNING_MARKER, load_with_stand_ins, pickle_mentions
 
 __all__ = ["TMP_MARKER", "atomic_save", "find_checkpoints", "remove_checkpoint", "remove_stale_temp_files",
            "safe_load", "save_advice"]
@@ -288,6 +289,10 @@ def _checked_load(source: Path | bytes, path: str | Path, map_location: str | to
         data = _load_weights_only(source, map_location, mmap)
     except pickle.UnpicklingError as err:
         found = re.search(r"GLOBAL (\S+)", str(err))
+        data = _load_lightning_file(source, path, map_location, err) if found and pickle_mentions(
+            source, LIGHTNING_MARKER) else None
+        if data is not None:
+            return data
         if found:
             raise CheckpointLoadError(
                 f"checkpoint {path} was refused by the safe (weights-only) loader: it references {found.group(1)}, "
@@ -303,6 +308,23 @@ def _checked_load(source: Path | bytes, path: str | Path, map_location: str | to
         ) from _clean_cause(err)
     if not isinstance(data, dict):
         raise CheckpointLoadError(f"checkpoint {path} holds a {type(data).__name__}, not a checkpoint dict.")
+    return data
+
+
+def _load_lightning_file(source: Path | bytes, path: str | Path, map_location: str | torch.device | None,
+                         err: pickle.UnpicklingError) -> dict[str, Any] | None:
+    """A Lightning checkpoint whose pickle names classes the safe loader refuses (hyperparameters holding a
+    Namespace, a class, ...): still weights-only, with those rebuilt as StandIns for the reader to report.
+    None when the file turns out not to be a Lightning checkpoint (it is then refused as usual)."""
+    try:
+        data = load_with_stand_ins(source, map_location, LIGHTNING_DICTS)
+    except (pickle.UnpicklingError, RuntimeError, ValueError, TypeError) as again:
+        raise CheckpointLoadError(
+            f"checkpoint {path} (written by PyTorch Lightning) was refused by the safe (weights-only) loader even "
+            f"with its unknown classes stood in for: {_cause(again)}. It is never loaded unsafely."
+        ) from _clean_cause(err)
+    if not isinstance(data, dict) or "format_version" in data or LIGHTNING_MARKER.decode() not in data:
+        return None  # not a Lightning checkpoint after all: refused as any other file
     return data
 
 

@@ -100,12 +100,12 @@ class DDPStrategy(ParallelStrategy):
         # ran inside it, leaving the reducer waiting for a backward that never comes. manual_backward prepares it.
         return self._wrapped.no_sync()
 
-    def manual_backward(self, loss: Tensor) -> None:
+    def manual_backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
         ddp = self._wrapped
         if torch.is_grad_enabled():
             ddp.require_forward_param_sync = True
             ddp.reducer.prepare_for_backward(list(_find_tensors(loss)) if ddp.find_unused_parameters else [])
-        self.backward(loss)
+        self.backward(loss, *args, **kwargs)
 
     def no_backward_sync(self, enabled: bool) -> AbstractContextManager:
         return self._wrapped.no_sync() if enabled else NULL_CONTEXT

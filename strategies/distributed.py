@@ -7,6 +7,7 @@ current process's rank so that printing and file I/O can be gated without a Trai
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import socket
 import warnings
@@ -55,6 +56,12 @@ def rank_zero_info(message: str) -> None:
 def rank_zero_warn(message: str, category: type[Warning] = UserWarning, stacklevel: int = 3) -> None:
     """Emit a warning once, from rank 0."""
     warnings.warn(message, category, stacklevel=stacklevel)
+
+
+@rank_zero_only
+def rank_zero_debug(message: str) -> None:
+    """Log a debug message once, from rank 0, to the `trainer` logger (shown with logging at DEBUG level)."""
+    logging.getLogger("trainer").debug(message)
 
 
 def is_distributed() -> bool:

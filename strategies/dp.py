@@ -5,7 +5,7 @@ Kept for single-machine convenience; DDP is faster and is what we recommend. DP 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -68,8 +68,11 @@ class DataParallelStrategy(Strategy):
     def _wrap(self, router: _StepRouter) -> nn.Module:
         return nn.DataParallel(router, device_ids=[d.index for d in self.parallel_devices])
 
-    def batch_to_device(self, batch: Any) -> Any:
-        """Leave the batch where it is: DataParallel scatters it to the GPUs itself."""
+    def batch_to_device(self, batch: Any, move: Callable[[Any, torch.device], Any] | None = None) -> Any:
+        """Leave the batch where it is: DataParallel scatters it to the GPUs itself. A `move` given (the
+        module's own `transfer_batch_to_device`) still runs, to the first GPU, as in a one-device run."""
+        if move is not None:
+            batch = move(batch, self.root_device)
         return self.precision.convert_input(batch)  # DataParallel scatters the batch itself
 
     def step(self, method: str, *args: Any) -> Any:

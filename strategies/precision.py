@@ -63,8 +63,13 @@ class Precision:
 
         return MixedPrecisionPolicy()
 
-    def backward(self, loss: Tensor) -> None:
-        loss.backward()
+    def backward(self, loss: Tensor, backward: Callable[..., None] | None = None, *args: Any, **kwargs: Any) -> None:
+        """Backward on the (scaled) loss: through `backward(loss, *args, **kwargs)` (the module's hook) when given,
+        else `loss.backward(*args, **kwargs)`."""
+        (backward or Tensor.backward)(loss, *args, **kwargs)
+
+    def check_optimizer(self, optimizer: Optimizer) -> None:
+        """Refuse, at the start of fit, an optimizer this precision cannot step; every optimizer steps here."""
 
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         """Undo loss scaling before gradients are read (clipping); nothing to undo here."""
@@ -77,9 +82,10 @@ class Precision:
     def prepare_resumed_step(self, optimizer: Optimizer) -> None:
         """Make ready for an optimizer step on restored gradients, before any backward of this process."""
 
-    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None) -> bool:
-        """Step the optimizer; return False when the step was skipped (so schedulers do not step)."""
-        optimizer.step(closure) if closure is not None else optimizer.step()
+    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any) -> bool:
+        """Step the optimizer (it calls `closure`, LBFGS several times); return False when the step was skipped
+        (so schedulers do not step)."""
+        optimizer.step(closure, **kwargs) if closure is not None else optimizer.step(**kwargs)
         return True
 
     def state_dict(self) -> dict[str, Any]:
@@ -143,8 +149,15 @@ class MixedPrecision(Precision):
 
         return MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=torch.float32)
 
-    def backward(self, loss: Tensor) -> None:
-        (self._scaler.scale(loss) if self._scaler is not None else loss).backward()
+    def backward(self, loss: Tensor, backward: Callable[..., None] | None = None, *args: Any, **kwargs: Any) -> None:
+        super().backward(self._scaler.scale(loss) if self._scaler is not None else loss, backward, *args, **kwargs)
+
+    def check_optimizer(self, optimizer: Optimizer) -> None:
+        if self._scaler is not None and isinstance(optimizer, torch.optim.LBFGS):
+            raise ConfigError(
+                f"precision={self.name!r} cannot step torch.optim.LBFGS: its GradScaler steps on gradients computed "
+                "once, and LBFGS re-evaluates its closure during the step. Use precision='32-true' or 'bf16-mixed'."
+            )
 
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         # GradScaler raises on a second unscale_ before step(); clipping and a user's call may both ask.
@@ -165,7 +178,7 @@ class MixedPrecision(Precision):
         if self._scaler is not None and grads:
             self._scaler.scale(torch.zeros((), device=grads[0].device))
 
-    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None) -> bool:
+    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any) -> bool:
         """scaler.step + scaler.update; the step was skipped exactly when the update lowered the scale.
 
         NOTE: update() runs after every optimizer's step, as in Lightning. With several optimizers, run
@@ -173,13 +186,13 @@ class MixedPrecision(Precision):
         """
         scaler = self._scaler
         if scaler is None:
-            return super().optimizer_step(optimizer, closure)
+            return super().optimizer_step(optimizer, closure, **kwargs)
         try:
-            if closure is not None:
-                # GradScaler.step refuses closures: evaluate it once, then step on its (scaled) gradients.
-                closure()
+            # GradScaler.step refuses closures: evaluate it once, then step on its (scaled) gradients.
+            if closure is not None and closure() is None and not _has_gradients(optimizer):
+                return False  # every batch of the window was skipped: nothing to step (the scaler would refuse)
             before = self._last_scale if self._last_scale is not None else scaler.get_scale()
-            scaler.step(optimizer)  # unscales first if unscale_gradients has not
+            scaler.step(optimizer, **kwargs)  # unscales first if unscale_gradients has not
             scaler.update()  # backs the scale off after inf/NaN gradients, grows it after a run of good steps
         finally:
             self._unscaled.discard(id(optimizer))
@@ -198,6 +211,10 @@ class MixedPrecision(Precision):
 
     def __repr__(self) -> str:
         return f"MixedPrecision({self.name!r}, device_type={self.device_type!r})"
+
+
+def _has_gradients(optimizer: Optimizer) -> bool:
+    return any(p.grad is not None for group in optimizer.param_groups for p in group["params"])
 
 
 class _DefaultDtype(AbstractContextManager):

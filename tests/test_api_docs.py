@@ -43,9 +43,10 @@ CONTRACT_MEMBERS = {
         "on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_train_batch_end",
         "on_validation_epoch_start", "on_validation_epoch_end", "on_train_epoch_end", "on_train_end",
         "on_fit_end", "teardown", "on_save_checkpoint", "on_load_checkpoint", "automatic_optimization",
-        "optimizers", "manual_backward", "load_from_checkpoint",
+        "optimizers", "manual_backward", "load_from_checkpoint", "hparams_initial",
     ],
-    "trainer.DataModule": ["setup", "train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader"],
+    "trainer.DataModule": ["setup", "train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader",
+                           "save_hyperparameters", "hparams", "hparams_initial"],
     "strategies.ZeroStrategy": ["stage"],
 }
 

@@ -45,7 +45,7 @@ EXPECTED = [b for b in suite.BENCHMARKS if b.present and not b.needs_cuda]
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
     results = tmp_path_factory.mktemp("bench") / "results"
     done = subprocess.run([sys.executable, str(BENCH / "run_all.py"), "--quick", "--results-dir", str(results),
-                           "--no-docs"], capture_output=True, text=True, timeout=290)
+                           "--no-docs", "--jobs", "2"], capture_output=True, text=True, timeout=290)
     return done, results
 
 
@@ -103,3 +103,9 @@ def test_gpu_benchmark_smoke_runs_on_cpu(tmp_path):
                           capture_output=True, text=True, timeout=280,
                           env={**os.environ, "PYTHONPATH": str(BENCH.parent)})
     assert done.returncode == 0 and json.loads(out.read_text())["mode"] == "smoke", done.stderr[-4000:]
+
+
+def test_jobs_above_one_needs_quick_mode(tmp_path):
+    done = subprocess.run([sys.executable, str(BENCH / "run_all.py"), "--jobs", "2", "--results-dir", str(tmp_path),
+                           "--no-docs"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--quick" in done.stderr and not list(tmp_path.iterdir())

@@ -4,11 +4,20 @@ Public names only. Heavy optional dependencies (tensorboard, omegaconf, tqdm, to
 imported by the components that need them, when they are first used.
 """
 
-from strategies.distributed import rank_zero_only
+from strategies.distributed import rank_zero_debug, rank_zero_info, rank_zero_only, rank_zero_warn
 from trainer.datamodule import DataModule
 from trainer.module import TrainModule
 from trainer.seed import seed_everything
 from trainer.trainer import Trainer
 
-__all__ = ["DataModule", "TrainModule", "Trainer", "rank_zero_only", "seed_everything"]
+__all__ = [
+    "DataModule",
+    "TrainModule",
+    "Trainer",
+    "rank_zero_debug",
+    "rank_zero_info",
+    "rank_zero_only",
+    "rank_zero_warn",
+    "seed_everything",
+]
 __version__ = "0.1.0"

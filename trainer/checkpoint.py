@@ -3,50 +3,46 @@ that keep it loadable with `torch.load(weights_only=True)`."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from strategies.checkpoint_io import safe_load
-from strategies.exceptions import CheckpointLoadError, CheckpointSaveError
+from strategies.exceptions import CheckpointLoadError, CheckpointSaveError, MisconfigurationError
+from strategies.weights_only import refusal
 from trainer.checkpoint_contents import check_contents, check_resumable
+from trainer.hparams import hparams_entries
+from trainer.hparams_forms import read_hparams_file, rebuild_arguments
+from trainer.lightning_checkpoint import from_lightning, is_lightning_checkpoint
 from trainer.resume import checkpoint_position, plan_resume
 
 if TYPE_CHECKING:
     from strategies.base import Strategy
+    from trainer.datamodule import DataModule
     from trainer.fit_state import FitState
     from trainer.module import TrainModule
 
 FORMAT_VERSION = 1
-_PRIMITIVES = (str, int, float, bool, type(None), torch.Tensor, torch.dtype, torch.device, torch.Size)
+WEIGHTS_ONLY_DROPS = ("optimizer_states", "lr_schedulers", "callbacks", "rng")  # what save_weights_only leaves out
 
 
 def check_weights_only_safe(value: Any, path: str = "checkpoint") -> None:
-    """Raise CheckpointSaveError naming the key path of the first value torch.load(weights_only) refuses."""
-    if isinstance(value, _PRIMITIVES):
-        return
-    if type(value) in (dict, OrderedDict):  # subclasses (DictConfig, defaultdict) would be refused at load
-        for key, item in value.items():
-            if not isinstance(key, (str, int, float, bool, type(None))):
-                raise CheckpointSaveError(f"{path} has a key of type {type(key).__name__}; use str or int keys.")
-            check_weights_only_safe(item, f"{path}[{key!r}]")
-        return
-    if type(value) in (list, tuple, set):
-        for idx, item in enumerate(value):
-            check_weights_only_safe(item, f"{path}[{idx}]")
-        return
-    raise CheckpointSaveError(
-        f"{path} holds a {type(value).__module__}.{type(value).__qualname__}, which a safe (weights-only) load "
-        "refuses. Store primitives, lists, dicts and tensors only "
-        "(e.g. convert configs with dict() or OmegaConf.to_container)."
-    )
+    """Raise CheckpointSaveError naming the key path of the first value torch.load(weights_only) refuses.
+
+    The rule is torch's own allowlist (strategies/weights_only.py), so whatever torch's safe loader reads
+    (a MultiStepLR's Counter, an OrderedDict, user classes registered with add_safe_globals) is written.
+    """
+    found = refusal(value, path)
+    if found is not None:
+        raise CheckpointSaveError(
+            f"{found}, which a safe (weights-only) load refuses. Store tensors, plain Python values and what "
+            "torch.serialization.get_safe_globals() lists (register a trusted class with "
+            "torch.serialization.add_safe_globals), e.g. convert configs with dict() or OmegaConf.to_container."
+        )
 
 
-def dump_checkpoint(loop: FitState) -> dict[str, Any]:
-    """Build the checkpoint dict. Collective: call on every rank."""
+def dump_checkpoint(loop: FitState, weights_only: bool = False) -> dict[str, Any]:
+    """Build the checkpoint dict (without the training state when `weights_only`). Collective: call on every rank."""
     s, trainer = loop.strategy, loop.trainer
     module = s.module
     saved = checkpoint_position(loop)  # where a resume continues (trainer/position.py)
@@ -64,19 +60,28 @@ def dump_checkpoint(loop: FitState) -> dict[str, Any]:
         "progress": progress,
         "epoch": progress["current_epoch"],
         "global_step": progress["global_step"],
-        "hparams": dict(getattr(module, "hparams", {})),
+        **hparams_entries(module),
         "callbacks": callbacks,
         "metrics": saved.metrics if saved.metrics is not None else loop.metrics.state_dict(),
         "rng": [state.pop("rng") for state in per_rank],
         "loops": per_rank,
         "world_size": s.world_size,
     }
-    datamodule_state = trainer.datamodule.state_dict() if trainer.datamodule is not None else {}
+    datamodule = trainer.datamodule
+    datamodule_state = datamodule.state_dict() if datamodule is not None else {}
     if datamodule_state:
         checkpoint["datamodule"] = datamodule_state
+    if getattr(datamodule, "hparams", None):  # Lightning's keys, as for the module's
+        entries = hparams_entries(datamodule)
+        checkpoint["datamodule_hyper_parameters"] = entries["hparams"]
+        if "hparams_name" in entries:
+            checkpoint["datamodule_hparams_name"] = entries["hparams_name"]
     from trainer.hooks import call_hook
 
     call_hook(loop, "on_save_checkpoint", checkpoint)
+    if weights_only:
+        for key in WEIGHTS_ONLY_DROPS:
+            checkpoint.pop(key, None)
     check_weights_only_safe(checkpoint)
     return checkpoint
 
@@ -85,8 +90,7 @@ def _check_format(checkpoint: Mapping[str, Any], path: str | Path) -> None:
     """A checkpoint of this trainer, of a version this release reads, whose entries have the expected types."""
     version = checkpoint.get("format_version")
     if version is None:
-        hint = " It looks like a PyTorch Lightning checkpoint." if "pytorch-lightning_version" in checkpoint else ""
-        raise CheckpointLoadError(f"{path} has no 'format_version': it was not written by this trainer.{hint}")
+        raise CheckpointLoadError(f"{path} has no 'format_version': it was not written by this trainer.")
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise CheckpointLoadError(
             f"{path} has format_version {version!r}, newer than this release understands ({FORMAT_VERSION}); "
@@ -95,9 +99,16 @@ def _check_format(checkpoint: Mapping[str, Any], path: str | Path) -> None:
     check_contents(checkpoint, path)
 
 
+def _adopt_foreign(checkpoint: dict[str, Any], path: str | Path, world_size: int) -> dict[str, Any]:
+    """A PyTorch Lightning 2.x checkpoint in this trainer's layout (trainer/lightning_checkpoint.py)."""
+    if is_lightning_checkpoint(checkpoint):
+        return from_lightning(checkpoint, path, FORMAT_VERSION, world_size)
+    return checkpoint
+
+
 def load_checkpoint_file(strategy: Strategy, path: str | Path) -> dict[str, Any]:
     """Read a checkpoint through the strategy (a file or a sharded folder) and check its format version."""
-    checkpoint = strategy.load_checkpoint(path)
+    checkpoint = _adopt_foreign(strategy.load_checkpoint(path), path, strategy.world_size)
     _check_format(checkpoint, path)
     return checkpoint
 
@@ -114,10 +125,11 @@ def describe_mismatch(model_state: Mapping[str, Any], saved: Mapping[str, Any], 
     return "; ".join(parts)
 
 
-def restore_module(strategy: Strategy, checkpoint: Mapping[str, Any], path: str | Path) -> None:
-    """Load weights (before optimizers are built, so sharded strategies shard the loaded values)."""
+def restore_module(strategy: Strategy, checkpoint: Mapping[str, Any], path: str | Path, strict: bool = True) -> None:
+    """Load weights (before optimizers are built, so sharded strategies shard the loaded values); `strict` is the
+    module's `strict_loading`."""
     try:
-        strategy.load_module_state_dict(checkpoint["state_dict"])
+        strategy.load_module_state_dict(checkpoint["state_dict"], strict=strict)
     except RuntimeError as err:
         diff = describe_mismatch(strategy.module.state_dict(), checkpoint["state_dict"])
         raise CheckpointLoadError(
@@ -165,24 +177,69 @@ def restore_training_state(loop: FitState, checkpoint: Mapping[str, Any], path: 
         trainer.datamodule.load_state_dict(checkpoint["datamodule"])
 
 
-def load_module_from_checkpoint(
-    cls: type[TrainModule], path: str | Path, map_location: Any, strict: bool, overrides: dict[str, Any]
-) -> TrainModule:
-    checkpoint = safe_load(path, map_location=map_location or "cpu")
-    _check_format(checkpoint, path)
-    hparams = {**checkpoint.get("hparams", {}), **overrides}
+def _rebuild_arguments(cls: type, checkpoint: Mapping[str, Any], key: str, path: str | Path,
+                       hparams_file: str | Path | None, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The saved hparams under `key`, updated from `hparams_file` and `overrides`; the keys stored by name only
+    must come from those (or be the __init__ default's class or function)."""
+    from_file = read_hparams_file(hparams_file) if hparams_file is not None else {}
+    saved = {**checkpoint.get(key, {}), **from_file}  # Lightning: the file updates the saved hparams
+    replaced = {name: what for name, what in checkpoint.get("hparams_replaced", {}).items()
+                if name not in from_file} if key == "hparams" else {}
+    config_name = checkpoint.get("hparams_name" if key == "hparams" else "datamodule_hparams_name")
+    hparams, missing = rebuild_arguments(cls, saved, replaced, overrides, config_name)
+    if missing:
+        listed = "; ".join(f"{name!r} ({what})" for name, what in missing.items())
+        raise CheckpointLoadError(
+            f"cannot rebuild {cls.__name__} from {path}: save_hyperparameters() received values a weights-only "
+            f"checkpoint cannot hold, so they were stored by name only: {listed}. Pass them again: "
+            f"{cls.__name__}.load_from_checkpoint(path, {', '.join(f'{k}=...' for k in missing)})."
+        )
+    return hparams
+
+
+def _instantiate(cls: type, hparams: dict[str, Any], path: str | Path) -> Any:
     try:
-        module = cls(**hparams)
+        return cls(**hparams)
     except TypeError as err:
         raise CheckpointLoadError(
             f"cannot rebuild {cls.__name__} from the hparams saved in {path} ({sorted(hparams)}): {err}. "
             "Call self.save_hyperparameters() in __init__, or pass the missing arguments as keyword overrides."
         ) from err
+
+
+def load_module_from_checkpoint(
+    cls: type[TrainModule], path: str | Path, map_location: Any, strict: bool | None, overrides: dict[str, Any],
+    hparams_file: str | Path | None = None,
+) -> TrainModule:
+    """Lightning's order: build the module, `configure_model`, `on_load_checkpoint` (which may edit the
+    checkpoint's state_dict), then load the weights."""
+    checkpoint = _adopt_foreign(safe_load(path, map_location=map_location or "cpu"), path, 1)
+    _check_format(checkpoint, path)
+    module = _instantiate(cls, _rebuild_arguments(cls, checkpoint, "hparams", path, hparams_file, overrides), path)
+    if strict is not None and module.__dict__.get("_strict_loading") not in (None, strict):
+        raise MisconfigurationError(
+            f"{cls.__name__}.load_from_checkpoint(..., strict={strict!r}) contradicts the module's "
+            f"strict_loading={module.strict_loading!r} set in __init__: give the same value to both, or leave one out."
+        )
+    strict = module.strict_loading if strict is None else strict
+    module.configure_model()
+    module.on_load_checkpoint(checkpoint)
     try:
         module.load_state_dict(checkpoint["state_dict"], strict=strict)
     except RuntimeError as err:
         diff = describe_mismatch(module.state_dict(), checkpoint["state_dict"])
         hint = " Pass strict=False to load the matching keys only." if strict else ""
         raise CheckpointLoadError(f"{path} does not match {cls.__name__}: {diff or err}.{hint}") from err
-    module.on_load_checkpoint(checkpoint)
     return module
+
+
+def load_datamodule_from_checkpoint(cls: type[DataModule], path: str | Path, map_location: Any,
+                                    hparams_file: str | Path | None, overrides: dict[str, Any]) -> DataModule:
+    """A DataModule rebuilt from `datamodule_hyper_parameters`, with the state its `state_dict()` saved."""
+    checkpoint = _adopt_foreign(safe_load(path, map_location=map_location or "cpu"), path, 1)
+    _check_format(checkpoint, path)
+    hparams = _rebuild_arguments(cls, checkpoint, "datamodule_hyper_parameters", path, hparams_file, overrides)
+    datamodule = _instantiate(cls, hparams, path)
+    if "datamodule" in checkpoint:
+        datamodule.load_state_dict(checkpoint["datamodule"])
+    return datamodule

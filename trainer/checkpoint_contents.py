@@ -25,6 +25,10 @@ _FIX = "Load checkpoints written by trainer.save_checkpoint() or ModelCheckpoint
 _ENTRIES: dict[str, tuple[type | tuple[type, ...], str]] = {
     "state_dict": ((Mapping, ShardedRef), "a dict of parameter names to tensors (the model weights)"),
     "hparams": (Mapping, "a dict of argument names to values (the module's __init__ arguments)"),
+    "hparams_name": (str, "a str (the __init__ argument the hparams were given as, Lightning's key)"),
+    "datamodule_hparams_name": (str, "a str (the DataModule's __init__ argument its hparams were given as)"),
+    "hparams_replaced": (Mapping, "a dict of hparams keys to what they held (values stored by name only)"),
+    "datamodule_hyper_parameters": (Mapping, "a dict of the DataModule's hyperparameters"),
     "optimizer_states": (list, "a list of optimizer state dicts"),
     "lr_schedulers": (list, "a list of scheduler state dicts"),
     "precision": (Mapping, "a dict (the precision plugin's state)"),

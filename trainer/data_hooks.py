@@ -1,8 +1,13 @@
-"""What TrainModule and DataModule share: the optional `*_dataloader()` hooks and the `hparams` dict."""
+"""What TrainModule and DataModule share: the optional `*_dataloader()` hooks, `prepare_data`, the three
+batch-transfer hooks and the `hparams` dict (Lightning's `DataHooks`, which both classes have too)."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import torch
+
+from strategies.base import move_to_device
 
 
 class AttributeDict(dict):
@@ -25,8 +30,37 @@ def _default_hook(fn: Any) -> Any:
 
 
 class DataHooks:
-    """The optional `*_dataloader()` hooks shared by TrainModule and DataModule; marked so the Trainer can
-    tell a hook the user defined from this default."""
+    """The optional data hooks shared by TrainModule and DataModule; the `*_dataloader()` ones are marked so
+    the Trainer can tell a hook the user defined from this default.
+
+    Attributes:
+        prepare_data_per_node: True (the default): `prepare_data` runs on local rank 0 of every machine;
+            False: only on global rank 0 (a shared filesystem). Set it in `__init__`.
+    """
+
+    prepare_data_per_node: bool = True
+
+    def prepare_data(self) -> None:
+        """Download or write files here, once per machine (see `prepare_data_per_node`), before `setup`.
+
+        The other ranks wait in a barrier until it returns; do not set state on `self` here (the other
+        ranks never run it): build datasets in `setup`.
+        """
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change a batch before it moves to the device (runs on the CPU, in the main process); return it."""
+        return batch
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Move a batch to `device`: tensors in (nested) lists, tuples, dicts, and objects with a `.to()`.
+
+        Override it for batch types the default does not know, and return the moved batch.
+        """
+        return move_to_device(batch, device)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change a batch after it moved to the device (e.g. GPU augmentation); return it."""
+        return batch
 
     @_default_hook
     def train_dataloader(self) -> Any:

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from torch.optim import Optimizer
 
-from strategies.base import Strategy, _StrategyOptimizer
+from strategies.base import Strategy
+from strategies.strategy_optimizer import _StrategyOptimizer
+from trainer.batch_transfer import BatchTransfer
 from trainer.control import ControlPlane
 from trainer.flags import RunSpec
 from trainer.hooks import HookDispatcher
@@ -55,12 +57,17 @@ class FitState:
         optimizers: the optimizers as the strategy set them up.
         lr_scheduler_configs: the schedulers from configure_optimizers, with their interval and frequency.
         scheduler_stepper: steps the schedulers at their interval.
-        user_optimizers: what `TrainModule.optimizers()` returns in manual optimization.
+        user_optimizers: what `TrainModule.optimizers()` returns and `optimizer_step` receives: the optimizers
+            wrapped so that `.step(closure)` goes through the strategy (strategies/strategy_optimizer.py).
         automatic: automatic (True) or manual optimization.
+        custom_clipping: the module overrides `configure_gradient_clipping` (called at every step then).
         window_has_loss: the open accumulation window has a backward in it.
+        step_taken: the optimizer stepped in the running `optimizer_step` (False: skipped by an AMP overflow).
         resume_point: where a restored checkpoint left off, consumed by the next training epoch.
         module: the TrainModule attached to the run (None before the first one).
         launcher_pid: the process that built the Trainer; a rank in another one (spawn) sends its outcome back.
+        transfer: the batch-transfer hooks (trainer/batch_transfer.py), picked once per run.
+        no_batch_idx: the step methods whose signature takes no `batch_idx` (trainer/step_signature.py).
     """
 
     trainer: Trainer
@@ -80,10 +87,14 @@ class FitState:
     scheduler_stepper: SchedulerStepper = field(default_factory=lambda: SchedulerStepper([]))
     user_optimizers: list[_StrategyOptimizer] = field(default_factory=list)
     automatic: bool = True
+    custom_clipping: bool = False
     window_has_loss: bool = False
+    step_taken: bool = False
     resume_point: ResumePoint | None = None
     module: Any = None
     launcher_pid: int = field(default_factory=os.getpid)
+    transfer: BatchTransfer = field(default_factory=BatchTransfer)
+    no_batch_idx: frozenset[str] = frozenset()
 
     @contextmanager
     def using_results(self, results: ResultCollection) -> Iterator[ResultCollection]:
@@ -101,11 +112,17 @@ class FitState:
     def run_step(self, name: str, *args: Any) -> Any:
         """`module.<name>(*args)` through the strategy's wrapper, with `self.log` attributed to that step."""
         results = self.results
-        results.current_fx = name
+        previous, results.current_fx = results.current_fx, name  # inside optimizer_step: back to it afterwards
+        if name in self.no_batch_idx:  # `training_step(self, batch)`: called without batch_idx, as in Lightning
+            args = args[:1] + args[2:]
         try:
             return self.strategy.step(name, *args)
         finally:
-            results.current_fx = None
+            results.current_fx = previous
+
+    def to_device(self, batch: Any, dataloader_idx: int = 0) -> Any:
+        """The batch on the run's device, through the batch-transfer hooks when the user defined any."""
+        return self.transfer(self.strategy, batch, dataloader_idx)
 
     def clip_gradients(self, optimizer: Optimizer) -> None:
         """Clip as `gradient_clip_val` / `gradient_clip_algorithm` say; nothing when the value is None or 0."""
@@ -125,6 +142,7 @@ class FitState:
             return self.loaders.val, [self.schedule.sanity_steps(n) for n in self.loaders.val_limits]
         return self.loaders.val, self.loaders.val_limits
 
-    def optimizers_for_user(self) -> list[Any]:
-        """What `TrainModule.optimizers()` hands out: wrappers that step through the strategy in manual mode."""
-        return self.user_optimizers if not self.automatic else self.optimizers
+    def optimizers_for_user(self, wrapped: bool = True) -> list[Any]:
+        """What `TrainModule.optimizers()` hands out: the wrappers that step through the strategy, or (wrapped=False)
+        the optimizers themselves."""
+        return self.user_optimizers if wrapped else self.optimizers

@@ -93,6 +93,7 @@ def clip_value(name: str, value: Any) -> float | None:
 def one_of(*choices: Any) -> Check:
     """One of a few fixed values (compared with ==, so True and 1 are the same choice)."""
     def check(name: str, value: Any) -> Any:
+        # a container is never one of the choices: refused before `in`, whatever its items compare equal to
         if isinstance(value, (list, dict, set)) or value not in choices:
             raise ConfigError(f"{name}={value!r} is not valid: use {_choice_list(choices)}.")
         return value
@@ -132,4 +133,5 @@ def parse_max_time(value: Any) -> timedelta | None:
 
 
 def max_time(name: str, value: Any) -> timedelta | None:
+    """The flag table's check for `max_time` (a check takes the flag's name; parse_max_time does not need it)."""
     return parse_max_time(value)

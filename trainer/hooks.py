@@ -26,11 +26,15 @@ The order of every hook during `fit` (the hook-order test expands this pseudocod
             on_train_epoch_start
             for batch in train_batches:
                 on_train_batch_start
-                training_step
-                on_before_backward
-                on_after_backward
-                on_before_optimizer_step
-                on_before_zero_grad
+                optimizer_step
+                    training_step
+                    on_before_zero_grad
+                    optimizer_zero_grad
+                    on_before_backward
+                    backward
+                    on_after_backward
+                    on_before_optimizer_step
+                    configure_gradient_clipping
                 on_train_batch_end
             if validation:
                 on_validation_start
@@ -47,8 +51,19 @@ The order of every hook during `fit` (the hook-order test expands this pseudocod
         teardown
 
 Notes on the pseudocode:
-- With accumulate_grad_batches=N, on_before_optimizer_step and on_before_zero_grad run only on the
-  last batch of each window (and on the last batch of the epoch).
+- An indented block runs inside the line above it: the module's `optimizer_step` runs the closure
+  (training_step ... backward) through `optimizer.step(closure=...)`, and the optimizer steps after
+  on_before_optimizer_step and clipping (trainer/optimizer_path.py). This is Lightning 2.x's order;
+  tests/compat/test_optimizer_path.py compares it with Lightning's own.
+- With accumulate_grad_batches=N, optimizer_step (and so on_before_optimizer_step and
+  configure_gradient_clipping) runs only on the last batch of each window and of the epoch; the other
+  batches run the closure's work directly. on_before_zero_grad and optimizer_zero_grad run only on the
+  first batch of each window. An optimizer that calls its closure several times (LBFGS) runs the
+  block several times.
+- `configure_gradient_clipping` and `optimizer_zero_grad` are module methods (no callback hooks);
+  `configure_gradient_clipping` is called only when the module overrides it (the default clips with
+  the Trainer's flags directly). A window whose batches were all skipped (training_step returned None)
+  has no on_before_optimizer_step and no clipping, and does not count as a step.
 - With a mid-epoch `val_check_interval`, the validation block runs right after the
   on_train_batch_end of each batch that is due, and on_train_epoch_end still closes the epoch.
 - Checkpoint saves call `on_save_checkpoint` wherever a ModelCheckpoint decides to save
@@ -56,6 +71,13 @@ Notes on the pseudocode:
 - `validate`/`test` run the validation block above with their own stage names
   (on_test_start, on_test_epoch_start, ...), between setup and teardown.
 - On an exception, callbacks get `on_exception(trainer, module, exc)` before teardown.
+- Module and DataModule hooks around the pseudocode (they are not callback hooks, as in Lightning):
+  `configure_callbacks` at the start of every run, then `prepare_data` (once per machine) before setup,
+  and `configure_model` right after setup; before every batch's `on_*_batch_start`,
+  `on_before_batch_transfer`, `transfer_batch_to_device` and `on_after_batch_transfer` (the DataModule's
+  when it defines them); `on_validation_model_eval` before `on_validation_start` (after
+  `on_sanity_check_start`) and `on_validation_model_train` after `on_validation_end`, likewise for test
+  and `on_predict_model_eval`; `on_validation_model_zero_grad` before a validation inside fit.
 - A fit() on a Trainer that already reached max_epochs/max_steps runs only setup, configure_optimizers,
   on_fit_start, on_fit_end and teardown (as in Lightning).
 """

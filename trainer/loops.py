@@ -13,9 +13,10 @@ import torch
 from torch import Tensor
 
 from strategies.distributed import rank_zero_info
-from strategies.exceptions import MisconfigurationError
 from trainer import data, preemption, resume
 from trainer.hooks import call_hook
+from trainer.model_mode import ModuleMode, zero_grad_before_validation
+from trainer.optimizer_path import TrainingClosure, step_window
 from trainer.position import Phase
 from trainer.sampling import resumable_sampler
 from trainer.seed import capture_rng_state, restore_rng_state
@@ -23,34 +24,6 @@ from trainer.state import RunningStage, TrainerFn
 
 if TYPE_CHECKING:
     from trainer.fit_state import FitState
-
-_ACCEPTED_STEP_OUTPUT = "a scalar loss tensor, a dict with a 'loss' tensor, or None (skip this batch)"
-
-
-def loss_from(out: Any) -> Tensor | None:
-    """The loss in a training_step output, validated; None means skip the batch."""
-    if type(out) is Tensor and out.requires_grad and out.numel() == 1:  # the common case, checked cheaply
-        return out
-    if out is None:
-        return None
-    loss = out.get("loss") if isinstance(out, Mapping) else out
-    if isinstance(out, Mapping) and "loss" not in out:
-        raise MisconfigurationError(
-            f"training_step returned a dict without a 'loss' key (keys: {sorted(out)}); return {_ACCEPTED_STEP_OUTPUT}."
-        )
-    if not isinstance(loss, Tensor):
-        raise MisconfigurationError(f"training_step returned {type(loss).__name__}; return {_ACCEPTED_STEP_OUTPUT}.")
-    if loss.numel() != 1:
-        raise MisconfigurationError(
-            f"training_step returned a loss tensor of shape {tuple(loss.shape)}; it must be a scalar "
-            "(reduce it, e.g. with .mean())."
-        )
-    if not loss.requires_grad:
-        raise MisconfigurationError(
-            "training_step returned a loss that does not require grad (was it computed under torch.no_grad(), "
-            "or detached?). Return the loss tensor from the forward computation."
-        )
-    return loss
 
 
 def _detached(out: Any, loss: Tensor | None) -> Any:
@@ -65,39 +38,16 @@ def _detached(out: Any, loss: Tensor | None) -> Any:
 
 
 def train_one_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> Any:
-    """Automatic optimization: forward, backward, and (at the end of an accumulation window) step."""
-    s, accumulate = loop.strategy, loop.spec.accumulate_grad_batches
+    """Automatic optimization (trainer/optimizer_path.py): on the batch that closes its accumulation window the
+    module's optimizer_step runs the closure (training_step, backward) and steps; other batches run the closure."""
     is_last_micro = loop.schedule.window_ends(batch_idx, is_last)
-    with s.no_backward_sync(not is_last_micro):  # wraps forward and backward
-        out = loop.run_step("training_step", batch, batch_idx)
-        loss = loss_from(out)
-        # Every rank learns here whether any rank skips, hit a NaN, ran out of data or got a stop signal.
-        skip = loop.control.after_training_step(loop, loss, is_last, True)
-        if not skip and loss is not None:
-            call_hook(loop, "on_before_backward", loss)
-            s.backward(loss / accumulate if accumulate > 1 else loss)
-            loop.window_has_loss = True
-            loop.position.set(Phase.STEP_PENDING if is_last_micro else Phase.BACKWARD_DONE)
-            call_hook(loop, "on_after_backward")
-    if is_last_micro and loop.window_has_loss:
-        close_window(loop)
-    return _detached(out, loss)
-
-
-def close_window(loop: FitState) -> None:
-    """The end of an accumulation window: clip, optimizer step, step-interval schedulers, zero_grad."""
-    s, opt, position = loop.strategy, loop.optimizers[0], loop.position
-    position.set(Phase.STEP_PENDING)
-    s.unscale_gradients(opt)  # hooks see true gradients under 16-mixed, as in Lightning
-    call_hook(loop, "on_before_optimizer_step", opt)
-    loop.clip_gradients(opt)
-    if s.optimizer_step(opt) and loop.scheduler_stepper.has_step_schedulers:
-        loop.scheduler_stepper.step("step", loop.progress.global_step + 1, loop.metrics.callback_metrics)
-    position.set(Phase.STEPPED)
-    call_hook(loop, "on_before_zero_grad", opt)
-    opt.zero_grad(set_to_none=True)
-    loop.progress.global_step += 1
-    loop.window_has_loss = False
+    closure = TrainingClosure(loop, batch, batch_idx, is_last, is_last_micro)
+    if is_last_micro:
+        step_window(loop, batch_idx, closure)
+    else:
+        with loop.strategy.no_backward_sync(True):  # wraps forward and backward
+            closure()
+    return _detached(closure.output, closure.loss)
 
 
 def train_one_batch_manual(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> Any:
@@ -162,7 +112,7 @@ def _train_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> b
     progress, results, metrics, position = loop.progress, loop.train_results, loop.metrics, loop.position
     position.set(Phase.BATCH_STARTED)
     progress.val_started = False
-    batch = loop.strategy.batch_to_device(batch)
+    batch = loop.to_device(batch, 0)
     results.set_batch(batch)
     if call_hook(loop, "on_train_batch_start", batch, batch_idx) == -1:
         return False
@@ -185,6 +135,7 @@ def _stop_on_agreed_signal(loop: FitState) -> None:
 
 def _validate_during_fit(loop: FitState) -> None:
     loop.progress.val_started = True
+    zero_grad_before_validation(loop.strategy.module, loop.window_has_loss)
     loop.position.validation_started(capture_rng_state())
     with loop.control.outside_steps():  # no step bound on collectives during validation
         run_evaluation(loop, RunningStage.VALIDATING)
@@ -203,6 +154,7 @@ def _train_epoch_end(loop: FitState, complete: bool) -> None:
     metrics.epoch_end(results.epoch_end("training epoch end"), p.global_step, p.current_epoch)
     call_hook(loop, "on_train_epoch_end")
     metrics.epoch_end(results.epoch_end("on_train_epoch_end"), p.global_step, p.current_epoch)
+    results.reset_metric_objects()  # after the epoch-end hooks, so compute() in them gives the epoch value
     if complete:
         loop.scheduler_stepper.step("epoch", p.current_epoch + 1, metrics.callback_metrics)
     p.current_epoch += 1
@@ -246,13 +198,12 @@ def run_evaluation(loop: FitState, stage: RunningStage) -> list[dict[str, float]
     """Validation, sanity check or test over every eval loader; returns one metrics dict per loader."""
     s, prefix, state = loop.strategy, _PREFIX[stage], loop.trainer.state
     loaders, limits = loop.eval_loaders(stage)
-    module = s.module
-    was_training = module.training
+    module, mode = s.module, ModuleMode()
     previous_stage, state.stage = state.stage, stage
     with loop.using_results(loop.new_eval_results()) as results:
-        module.eval()
         if stage == RunningStage.SANITY_CHECKING:
             call_hook(loop, "on_sanity_check_start")
+        mode.enter(module, prefix)  # on_{validation,test}_model_eval
         call_hook(loop, f"on_{prefix}_start")
         call_hook(loop, f"on_{prefix}_epoch_start")
         many = len(loaders) > 1
@@ -265,9 +216,9 @@ def run_evaluation(loop: FitState, stage: RunningStage) -> list[dict[str, float]
         if stage == RunningStage.VALIDATING:
             loop.position.validation_finished()  # a checkpoint from on_validation_end on counts it as done
         call_hook(loop, f"on_{prefix}_end")
+        mode.leave(module, prefix)  # on_{validation,test}_model_train, or the modes from before
         if stage == RunningStage.SANITY_CHECKING:
             call_hook(loop, "on_sanity_check_end")
-        module.train(was_training)
     state.stage = previous_stage
     return _split_by_loader(metrics, len(loaders))
 
@@ -278,13 +229,13 @@ def _evaluate_loader(loop: FitState, results: Any, loader: Any, limit: int | flo
     no length): from the first step some rank may lack, every step is a round that every rank joins
     (`reduce_eval_step`, before and after the batch-end hook), so a per-step sync_dist value never leaves a rank
     waiting; a rank that has run out joins the remaining rounds with nothing to add."""
-    s, control = loop.strategy, loop.control
+    control = loop.control
     counts = control.eval_batch_counts(limit)  # None: the same known count on every rank (or one process)
     joined_from = math.inf if counts is None else max(min(counts), 0)  # counts known and different: the fewest
     more = counts is not None  # whether this rank must join the round at joined_from (or after its last step)
     for batch_idx, batch, is_last in data.iterate(loader, limit):
         results.defer_eval_sync = joined = batch_idx >= joined_from
-        batch = s.batch_to_device(batch)
+        batch = loop.to_device(batch, extra[0] if extra else 0)
         results.set_batch(batch)
         call_hook(loop, f"on_{prefix}_batch_start", batch, batch_idx, *extra)
         out = loop.run_step(f"{prefix}_step", batch, batch_idx, *extra)
@@ -303,13 +254,14 @@ def _eval_epoch_end(loop: FitState, results: Any, stage: RunningStage, prefix: s
     """Epoch metrics (readable in the epoch-end hook), the hook, late metrics; sanity checks log nothing."""
     if stage == RunningStage.SANITY_CHECKING:
         call_hook(loop, f"on_{prefix}_epoch_end")
-        results.reset()
+        results.reset()  # after the hook: a metric's compute() in it sees the sanity batches, as in Lightning
         return {}
     step = loop.progress.global_step
     computed = results.epoch_end(f"{prefix} epoch end")
     loop.metrics.epoch_end({**computed, "logger": {}}, step, None)
     call_hook(loop, f"on_{prefix}_epoch_end")
     late = results.epoch_end(f"on_{prefix}_epoch_end")
+    results.reset_metric_objects()  # after the hook, so compute() in it gives the epoch value (as in Lightning)
     merged = {k: {**computed[k], **late[k]} for k in computed}
     epoch = loop.progress.current_epoch if loop.trainer.state.fn == TrainerFn.FITTING else None
     loop.metrics.epoch_end(merged, step, epoch)
@@ -333,10 +285,9 @@ def _split_by_loader(metrics: Mapping[str, float], count: int) -> list[dict[str,
 
 def run_predict(loop: FitState, return_predictions: bool = True) -> list[Any] | None:
     """Predict over every predict loader; returns predictions (a list per loader when several)."""
-    s = loop.strategy
     loaders, limits = loop.loaders.predict, loop.loaders.predict_limits
-    module = s.module
-    module.eval()
+    module, mode = loop.strategy.module, ModuleMode()
+    mode.enter(module, "predict")  # on_predict_model_eval
     loop.trainer.state.stage = RunningStage.PREDICTING
     many = len(loaders) > 1
     all_predictions: list[list[Any]] = []
@@ -347,7 +298,7 @@ def run_predict(loop: FitState, return_predictions: bool = True) -> list[Any] | 
             predictions: list[Any] = []
             extra = (dl_idx,) if many else ()
             for batch_idx, batch, _ in data.iterate(loader, limit):
-                batch = s.batch_to_device(batch)
+                batch = loop.to_device(batch, dl_idx)
                 call_hook(loop, "on_predict_batch_start", batch, batch_idx, *extra)
                 out = loop.run_step("predict_step", batch, batch_idx, *extra)
                 call_hook(loop, "on_predict_batch_end", out, batch, batch_idx, *extra)
@@ -356,6 +307,7 @@ def run_predict(loop: FitState, return_predictions: bool = True) -> list[Any] | 
             all_predictions.append(predictions)
     call_hook(loop, "on_predict_epoch_end")
     call_hook(loop, "on_predict_end")
+    mode.leave(module, "predict")
     if not return_predictions:
         return None
     return all_predictions if many else (all_predictions[0] if all_predictions else [])

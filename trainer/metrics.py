@@ -9,6 +9,7 @@ from typing import Any
 
 from torch import Tensor
 
+from trainer.hparams import hparams_for_loggers
 from trainer.results import ResultCollection, to_python
 from trainer.state import Progress
 
@@ -61,11 +62,9 @@ class MetricsRouter:
         return dict(self._logged)
 
     def log_hyperparams(self, module: Any, datamodule: Any) -> None:
-        """Send the module's (and datamodule's) saved hyperparameters to every logger."""
-        params = dict(module.hparams)
-        if datamodule is not None:
-            params.update(datamodule.hparams)
-        if params and getattr(module, "_hparams_to_log", True):
+        """Send the module's and datamodule's `hparams_initial` to every logger (trainer/hparams.py)."""
+        params = hparams_for_loggers(module, datamodule)
+        if params:
             for logger in self.loggers:
                 logger.log_hyperparams(params)
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -11,18 +10,25 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from strategies.base import _StrategyOptimizer
 from strategies.exceptions import MisconfigurationError
-from trainer.data_hooks import AttributeDict, DataHooks
+from trainer.data_hooks import DataHooks
+from trainer.hparams import HyperparametersMixin
+from trainer.log_options import check_log_options, reduce_fx_name
+from trainer.module_extras import ModuleConveniences
+from trainer.module_hooks import MoreModelHooks
+from trainer.module_optim import OptimizationHooks
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
-class TrainModule(DataHooks, nn.Module):
+class TrainModule(HyperparametersMixin, OptimizationHooks, ModuleConveniences, MoreModelHooks, DataHooks, nn.Module):
     """Subclass this: define `training_step` and `configure_optimizers`, optionally the other hooks.
 
-    Every hook below is a no-op here; the Trainer calls them in the order documented in trainer.hooks.
+    Every `on_*` hook below is a no-op here; the Trainer calls them in the order documented in trainer.hooks.
+    The hooks of the optimizer path (`optimizer_step`, `optimizer_zero_grad`, `backward`,
+    `configure_gradient_clipping`, `lr_scheduler_step`) do the default work and may be overridden
+    (trainer/module_optim.py).
     The module never handles devices, ranks or wrappers: the same subclass runs on one device, under
     DDP or ZeRO, chosen by `Trainer(strategy=...)`.
 
@@ -52,9 +58,8 @@ class TrainModule(DataHooks, nn.Module):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._trainer: Trainer | None = None
-        self._hparams: AttributeDict = AttributeDict()
-        self._hparams_to_log = True
         self.automatic_optimization: bool = True
+        self._strict_loading: bool | None = None
 
     # --- properties --------------------------------------------------------------------------
     @property
@@ -67,6 +72,16 @@ class TrainModule(DataHooks, nn.Module):
     @trainer.setter
     def trainer(self, trainer: Trainer | None) -> None:
         self._trainer = trainer
+
+    @property
+    def strict_loading(self) -> bool:
+        """Whether checkpoint weights must match this module's keys exactly (`fit(ckpt_path=...)`, and
+        `load_from_checkpoint` when it is not given `strict`); True unless set to False, as in Lightning."""
+        return self._strict_loading in (None, True)
+
+    @strict_loading.setter
+    def strict_loading(self, strict: bool) -> None:
+        self._strict_loading = strict
 
     @property
     def device(self) -> torch.device:
@@ -96,11 +111,6 @@ class TrainModule(DataHooks, nn.Module):
     def global_step(self) -> int:
         """Optimizer steps taken so far (0 without a Trainer)."""
         return self._trainer.global_step if self._trainer is not None else 0
-
-    @property
-    def hparams(self) -> AttributeDict:
-        """What `save_hyperparameters` recorded, readable as attributes (`self.hparams.lr`)."""
-        return self._hparams
 
     # --- steps (override) --------------------------------------------------------------------
     def training_step(self, *args: Any, **kwargs: Any) -> Tensor | Mapping[str, Any] | None:
@@ -189,13 +199,14 @@ class TrainModule(DataHooks, nn.Module):
         """Called after backward; `.grad` holds the gradients (under 16-mixed, still scaled)."""
 
     def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
-        """Called before each optimizer step.
+        """Called before each optimizer step, after its closure (training_step and backward) ran.
 
         In automatic optimization the gradients are unscaled by then, and not yet clipped.
         """
 
     def on_before_zero_grad(self, optimizer: Optimizer) -> None:
-        """Called after the optimizer step, just before the gradients are zeroed."""
+        """Called just before `optimizer_zero_grad`: after training_step and before backward, on the first batch of
+        each accumulation window (as in Lightning)."""
 
     def on_validation_start(self) -> None:
         """Called at the start of every validation run, the sanity check included."""
@@ -268,31 +279,46 @@ class TrainModule(DataHooks, nn.Module):
         self,
         name: str,
         value: Any,
+        prog_bar: bool = False,
+        logger: bool | None = None,
         on_step: bool | None = None,
         on_epoch: bool | None = None,
-        prog_bar: bool = False,
-        logger: bool = True,
+        reduce_fx: str | Callable[..., Any] = "mean",
+        enable_graph: bool = False,
         sync_dist: bool = False,
-        reduce_fx: str = "mean",
+        sync_dist_group: Any = None,
+        add_dataloader_idx: bool = True,
         batch_size: int | None = None,
+        metric_attribute: str | None = None,
+        rank_zero_only: bool = False,
     ) -> None:
         """Record a metric for the loggers, the progress bar and callbacks (`trainer.callback_metrics`).
 
+        Lightning's parameters, in Lightning's order (`self.log("x", v, True)` means `prog_bar=True`).
         Defaults follow Lightning: per step in training hooks, per epoch in evaluation hooks.
 
         Args:
             name: the key; with both `on_step` and `on_epoch` the logged keys are `name_step` and `name_epoch`.
-            value: a number, a one-element tensor, or a `torchmetrics.Metric` (computed and reset at epoch end).
+            value: a number, a one-element tensor, or a `torchmetrics.Metric` (computed at epoch end, and reset
+                after the epoch-end hooks, so `compute()` inside them gives the epoch value).
+            prog_bar: also show it on the progress bar.
+            logger: send it to the loggers (None: True).
             on_step: log the value of this step (default: True in training hooks, False in evaluation).
             on_epoch: log the epoch's reduction (default: False in training hooks, True in evaluation).
-            prog_bar: also show it on the progress bar.
-            logger: send it to the loggers.
+            reduce_fx: `"mean"` (weighted by batch size), `"sum"`, `"max"` or `"min"` (or `torch.mean`,
+                `torch.sum`, `torch.max`, `torch.min`) for the epoch value.
+            enable_graph: must stay False: logged values are detached.
             sync_dist: reduce the value across ranks first (one collective per call).
-            reduce_fx: `"mean"` (weighted by batch size), `"sum"`, `"max"` or `"min"` for the epoch value.
+            sync_dist_group: must stay None: values are reduced over all ranks.
+            add_dataloader_idx: with several evaluation loaders, append `/dataloader_idx_N` to the name (False:
+                the name as given, which then must differ between loaders).
             batch_size: the weight of this value in the epoch mean; inferred from the batch when None.
+            metric_attribute: accepted for Lightning code; not needed here (a Metric value is used directly).
+            rank_zero_only: the call is made on rank 0 only; such a value cannot use `sync_dist`.
 
         Raises:
-            MisconfigurationError: outside a hook where logging makes sense (e.g. `setup`), or with no Trainer.
+            MisconfigurationError: outside a hook where logging makes sense (e.g. `setup`), with no Trainer, or
+                with an option this project does not support (named in the message).
         """
         if self._trainer is None:
             raise MisconfigurationError(
@@ -300,83 +326,49 @@ class TrainModule(DataHooks, nn.Module):
             )
         if not isinstance(name, str) or not name:
             raise MisconfigurationError(f"self.log() needs a non-empty string name, got {name!r}.")
-        self._trainer.fit_state.results.log(name, value, on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx,
-                                            batch_size)
+        check_log_options(name, enable_graph, sync_dist, sync_dist_group, add_dataloader_idx, rank_zero_only)
+        self._trainer.fit_state.results.log(
+            name, value, on_step, on_epoch, prog_bar, True if logger is None else logger, sync_dist,
+            reduce_fx_name(reduce_fx), batch_size, add_dataloader_idx,
+        )
 
-    def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
-        """`self.log` for every item of the dict, with the same options."""
-        for name, value in dictionary.items():
-            self.log(name, value, **kwargs)
-
-    # --- hyperparameters -------------------------------------------------------------------------
-    def save_hyperparameters(self, *args: Any, ignore: Sequence[str] | str | None = None, logger: bool = True) -> None:
-        """Record `__init__` arguments (all, or the names given, or a dict) into `self.hparams`."""
-        ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
-        if len(args) == 1 and isinstance(args[0], Mapping):
-            values = dict(args[0])
-        else:
-            values = self._init_arguments()
-            if args:
-                missing = [a for a in args if a not in values]
-                if missing:
-                    raise MisconfigurationError(f"save_hyperparameters{args}: {missing} are not __init__ arguments.")
-                values = {k: values[k] for k in args}
-        self._hparams.update({k: v for k, v in values.items() if k not in ignored})
-        self._hparams_to_log = logger
-
-    def _init_arguments(self) -> dict[str, Any]:
-        """Find the frame of this object's __init__ and read its arguments from there."""
-        frame = inspect.currentframe()
-        values: dict[str, Any] = {}
-        while frame is not None:
-            if frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is self:
-                info = inspect.getargvalues(frame)
-                for arg in info.args[1:]:
-                    values.setdefault(arg, info.locals[arg])
-                if info.keywords and isinstance(info.locals.get(info.keywords), dict):
-                    for k, v in info.locals[info.keywords].items():
-                        values.setdefault(k, v)
-            frame = frame.f_back
-        return values
-
-    # --- optimization --------------------------------------------------------------------------
-    def optimizers(self) -> Any:
-        """The optimizer(s) the Trainer set up: one object, or a list when there are several."""
-        opts = self.trainer.fit_state.optimizers_for_user()
-        return opts[0] if len(opts) == 1 else opts
-
-    def lr_schedulers(self) -> Any:
-        """The scheduler(s) from configure_optimizers: None, one object, or a list."""
-        scheds = [c.scheduler for c in self.trainer.lr_scheduler_configs]
-        if not scheds:
-            return None
-        return scheds[0] if len(scheds) == 1 else scheds
-
-    def manual_backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
-        """Backward for manual optimization: use this instead of `loss.backward()` (precision, DDP)."""
-        from trainer.hooks import call_hook
-
-        loop = self.trainer.fit_state
-        call_hook(loop, "on_before_backward", loss)
-        loop.strategy.manual_backward(loss)
-        call_hook(loop, "on_after_backward")
-
-    def clip_gradients(
-        self, optimizer: Optimizer | _StrategyOptimizer, gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str = "norm",
+    def log_dict(
+        self,
+        dictionary: Mapping[str, Any],
+        prog_bar: bool = False,
+        logger: bool | None = None,
+        on_step: bool | None = None,
+        on_epoch: bool | None = None,
+        reduce_fx: str | Callable[..., Any] = "mean",
+        enable_graph: bool = False,
+        sync_dist: bool = False,
+        sync_dist_group: Any = None,
+        add_dataloader_idx: bool = True,
+        batch_size: int | None = None,
+        rank_zero_only: bool = False,
     ) -> None:
-        """Clip gradients in manual optimization through the strategy (unscales under AMP)."""
-        if gradient_clip_algorithm == "norm":
-            self.trainer.strategy.clip_gradients(optimizer, max_norm=gradient_clip_val)
-        else:
-            self.trainer.strategy.clip_gradients(optimizer, max_value=gradient_clip_val)
+        """`self.log` for every item of the dict (or a torchmetrics `MetricCollection`), with the same options."""
+        for name, value in dictionary.items():
+            self.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph, sync_dist,
+                     sync_dist_group, add_dataloader_idx, batch_size, None, rank_zero_only)
+
 
     # --- checkpoints -----------------------------------------------------------------------------
     @classmethod
     def load_from_checkpoint(
-        cls, checkpoint_path: str | Path, map_location: Any = None, strict: bool = True, **overrides: Any
+        cls, checkpoint_path: str | Path, map_location: Any = None, hparams_file: str | Path | None = None,
+        strict: bool | None = None, **overrides: Any
     ) -> TrainModule:
-        """Rebuild the module from a checkpoint's saved hparams (plus overrides) and load its weights."""
+        """Rebuild the module from a checkpoint's saved hparams and load its weights (a Lightning 2.x file too).
+
+        Args:
+            checkpoint_path: a checkpoint file (path or URL).
+            map_location: where to load tensors (default: the CPU).
+            hparams_file: a `.yaml` or `.csv` whose values update the saved hparams (Lightning's argument).
+            strict: match the weights' keys exactly (None: the new module's `strict_loading`, True by default;
+                a value that contradicts a `strict_loading` set in `__init__` is an error, as in Lightning).
+            **overrides: `__init__` arguments replacing saved ones; those stored by name only must come here.
+        """
         from trainer.checkpoint import load_module_from_checkpoint
 
-        return load_module_from_checkpoint(cls, checkpoint_path, map_location, strict, overrides)
+        return load_module_from_checkpoint(cls, checkpoint_path, map_location, strict, overrides, hparams_file)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +16,8 @@ _ACCEPTED = (
     "a dict {'optimizer': opt, 'lr_scheduler': sched or {'scheduler': sched, 'interval': 'epoch'|'step', "
     "'frequency': 1, 'monitor': 'val_loss'}}; or a list of such dicts"
 )
-_SCHEDULER_KEYS = {"scheduler", "interval", "frequency", "monitor", "strict", "name"}
+_SCHEDULER_KEYS = {"scheduler", "interval", "frequency", "monitor", "strict", "name", "reduce_on_plateau"}
+_TORCH_SCHEDULERS = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
 @dataclass
@@ -29,9 +30,12 @@ class SchedulerConfig:
     monitor: str | None = None
     strict: bool = True
     name: str | None = None
+    reduce_on_plateau: bool | None = None  # steps with the monitored metric; None: when it is a ReduceLROnPlateau
 
     @property
     def needs_metric(self) -> bool:
+        if self.reduce_on_plateau is not None:
+            return bool(self.reduce_on_plateau)
         return isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
@@ -47,7 +51,8 @@ def _bad(result: Any, why: str) -> MisconfigurationError:
     )
 
 
-def _scheduler_config(value: Any, result: Any, monitor: str | None = None) -> SchedulerConfig:
+def _scheduler_config(value: Any, result: Any, monitor: str | None = None, custom_step: bool = False,
+                      ) -> SchedulerConfig:
     if isinstance(value, Mapping):
         unknown = set(value) - _SCHEDULER_KEYS
         if "scheduler" not in value or unknown:
@@ -56,8 +61,15 @@ def _scheduler_config(value: Any, result: Any, monitor: str | None = None) -> Sc
     else:
         config = SchedulerConfig(scheduler=value)
     config.monitor = config.monitor or monitor
-    if not hasattr(config.scheduler, "step") or not hasattr(config.scheduler, "state_dict"):
-        raise _bad(result, f"{type(config.scheduler).__name__} is not an LR scheduler")
+    if not hasattr(config.scheduler, "state_dict"):
+        raise _bad(result, f"{type(config.scheduler).__name__} is not an LR scheduler (it has no state_dict() to "
+                           "checkpoint)")
+    if not custom_step and not isinstance(config.scheduler, _TORCH_SCHEDULERS):
+        raise MisconfigurationError(
+            f"the scheduler {type(config.scheduler).__name__} does not follow torch's LRScheduler API. Override "
+            "TrainModule.lr_scheduler_step(scheduler, metric) to step it your way (e.g. "
+            "`scheduler.step(epoch=self.current_epoch)`)."
+        )
     if config.interval not in ("epoch", "step"):
         raise _bad(result, f"scheduler interval {config.interval!r} must be 'epoch' or 'step'")
     if isinstance(config.frequency, bool) or not isinstance(config.frequency, int) or config.frequency < 1:
@@ -67,7 +79,7 @@ def _scheduler_config(value: Any, result: Any, monitor: str | None = None) -> Sc
     return config
 
 
-def _from_dict(d: Mapping, result: Any) -> OptimizerSetup:
+def _from_dict(d: Mapping, result: Any, custom_step: bool) -> OptimizerSetup:
     if "optimizer" not in d or not isinstance(d["optimizer"], Optimizer):
         raise _bad(result, "a dict must hold an Optimizer under 'optimizer'")
     unknown = set(d) - {"optimizer", "lr_scheduler", "monitor"}
@@ -75,12 +87,16 @@ def _from_dict(d: Mapping, result: Any) -> OptimizerSetup:
         raise _bad(result, f"unknown keys {sorted(unknown)} in the optimizer dict")
     setup = OptimizerSetup([d["optimizer"]])
     if d.get("lr_scheduler") is not None:
-        setup.schedulers.append(_scheduler_config(d["lr_scheduler"], result, d.get("monitor")))
+        setup.schedulers.append(_scheduler_config(d["lr_scheduler"], result, d.get("monitor"), custom_step))
     return setup
 
 
-def normalize_optimizers(result: Any, *, allow_none: bool = False) -> OptimizerSetup:
-    """Turn any accepted return value of configure_optimizers() into an OptimizerSetup."""
+def normalize_optimizers(result: Any, *, allow_none: bool = False, custom_scheduler_step: bool = False,
+                         ) -> OptimizerSetup:
+    """Turn any accepted return value of configure_optimizers() into an OptimizerSetup.
+
+    Schedulers must be torch's, unless `custom_scheduler_step` (the module overrides `lr_scheduler_step`).
+    """
     if result is None:
         if allow_none:
             return OptimizerSetup()
@@ -88,37 +104,48 @@ def normalize_optimizers(result: Any, *, allow_none: bool = False) -> OptimizerS
     if isinstance(result, Optimizer):
         return OptimizerSetup([result])
     if isinstance(result, Mapping):
-        return _from_dict(result, result)
+        return _from_dict(result, result, custom_scheduler_step)
     if isinstance(result, Sequence) and not isinstance(result, str):
-        return _from_sequence(result)
+        return _from_sequence(result, custom_scheduler_step)
     raise _bad(result, "unsupported type")
 
 
-def _from_sequence(result: Sequence) -> OptimizerSetup:
+def _from_sequence(result: Sequence, custom_step: bool) -> OptimizerSetup:
     """`(optimizers, schedulers)`, a list of optimizers, or a list of optimizer dicts."""
     items = list(result)
     if isinstance(result, tuple) and len(items) == 2 and all(isinstance(i, Sequence) for i in items):
         opts, scheds = list(items[0]), list(items[1])
         if not opts or not all(isinstance(o, Optimizer) for o in opts):
             raise _bad(result, "the first element of the tuple must be a list of Optimizers")
-        return OptimizerSetup(opts, [_scheduler_config(s, result) for s in scheds])
+        return OptimizerSetup(opts, [_scheduler_config(s, result, custom_step=custom_step) for s in scheds])
     if items and all(isinstance(o, Optimizer) for o in items):
         return OptimizerSetup(items)
     if items and all(isinstance(o, Mapping) for o in items):
         setup = OptimizerSetup()
         for d in items:
-            part = _from_dict(d, result)
+            part = _from_dict(d, result, custom_step)
             setup.optimizers += part.optimizers
             setup.schedulers += part.schedulers
         return setup
     raise _bad(result, "a list must hold only Optimizers or only optimizer dicts")
 
 
-class SchedulerStepper:
-    """Steps schedulers at their interval and frequency; reads monitored metrics for ReduceLROnPlateau."""
+def step_scheduler(scheduler: Any, metric: Any) -> None:
+    """Lightning's default `lr_scheduler_step`: `step()`, or `step(metric)` for a scheduler that monitors one."""
+    if metric is None:
+        scheduler.step()
+    else:
+        scheduler.step(metric)
 
-    def __init__(self, configs: list[SchedulerConfig]) -> None:
+
+class SchedulerStepper:
+    """Steps schedulers at their interval and frequency, through `step_one(scheduler, metric)` (the module's
+    `lr_scheduler_step`); reads the monitored metric for ReduceLROnPlateau-like ones."""
+
+    def __init__(self, configs: list[SchedulerConfig],
+                 step_one: Callable[[Any, Any], None] = step_scheduler) -> None:
         self.configs = configs
+        self.step_one = step_one
         self._step_configs = [c for c in configs if c.interval == "step"]
         self._epoch_configs = [c for c in configs if c.interval == "epoch"]
         self.has_step_schedulers = bool(self._step_configs)
@@ -138,6 +165,6 @@ class SchedulerStepper:
                             f"Logged metrics: {sorted(metrics)}. Log it with self.log or fix 'monitor'."
                         )
                     continue
-                config.scheduler.step(float(value))
+                self.step_one(config.scheduler, float(value))
             else:
-                config.scheduler.step()
+                self.step_one(config.scheduler, None)

@@ -3,12 +3,13 @@ the run that was never interrupted. docs/checkpointing.md lists every place a ch
 from and what a resume from it continues; the rules, by what the loop was doing:
 
 - between batches: after the last finished batch;
-- a batch fetched, its backward not run yet (on_train_batch_start, training_step, on_before_backward):
+- a batch fetched, its backward not run yet (on_train_batch_start, training_step, on_before_zero_grad,
+  on_before_backward):
   before that batch; the resumed run fetches and trains it again, from the torch RNG state and the
   logged epoch values it started with;
 - its backward ran (on_after_backward, on_before_optimizer_step): after that batch, with its
   gradients; when that batch closes an accumulation window, the resumed run takes that step first;
-- its optimizer step ran (on_before_zero_grad, or a manual optimizer step): after that batch;
+- its optimizer step ran (in optimizer_step after the step, or a manual optimizer step): after that batch;
 - a validation inside fit runs (on_validation_start ... on_validation_epoch_end): before it, so it
   runs again in full; from on_validation_end on it counts as done;
 - the loop left an epoch before its end (max_steps, max_time, should_stop): the position at that

@@ -156,6 +156,23 @@ class TrainerProperties:
         return self.fit_state.module
 
     @property
+    def model(self) -> Any:
+        """The module as the strategy wrapped it (DDP, DataParallel, the FSDP2-sharded module); the TrainModule
+        itself with one device. Before a run: the attached TrainModule (None before the first one)."""
+        try:
+            return self.strategy.wrapped_module
+        except RuntimeError:  # the strategy has not set a module up yet
+            return self.fit_state.module
+
+    @property
+    def progress_bar_callback(self) -> Any:
+        """The ProgressBar callback, or None."""
+        from callbacks.progress import ProgressBar
+
+        found = [cb for cb in self.callbacks if isinstance(cb, ProgressBar)]
+        return found[0] if found else None
+
+    @property
     def num_training_batches(self) -> int | float:
         """Training batches per epoch after `limit_train_batches` (`inf` for a loader without length)."""
         return self.fit_state.schedule.num_training_batches

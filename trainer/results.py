@@ -22,7 +22,8 @@ _EPOCH_HOOK = (False, True, False)
 LOGGING_HOOKS: dict[str, tuple[bool, bool, bool]] = {
     **dict.fromkeys(
         ("training_step", "on_train_batch_start", "on_train_batch_end", "on_before_backward",
-         "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad"), _STEP_HOOK),
+         "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad", "optimizer_step",
+         "optimizer_zero_grad", "backward", "configure_gradient_clipping"), _STEP_HOOK),
     **dict.fromkeys(
         ("validation_step", "test_step", "on_validation_batch_start", "on_validation_batch_end",
          "on_test_batch_start", "on_test_batch_end"), _EVAL_HOOK),
@@ -87,9 +88,8 @@ class _Entry:
             self.total = pick(self.total, value)
 
     def compute_epoch(self, reduce: Callable[[Tensor, str], Tensor]) -> Tensor | None:
-        if self.metric is not None:
+        if self.metric is not None:  # reset later, after the epoch-end hooks (ResultCollection.reset_metric_objects)
             value = self.metric.compute()
-            self.metric.reset()
             return value.detach() if isinstance(value, Tensor) else torch.tensor(float(value))
         if self.total is None:
             return None
@@ -122,6 +122,7 @@ class ResultCollection:
         self.entries: dict[str, _Entry] = {}
         self.current_fx: str | None = None
         self.key_suffix = ""
+        self._loader_of: dict[str, str] = {}  # name logged with add_dataloader_idx=False → its loader
         self._batch: Any = None
         self._batch_size: int | None = None
         self._before_batch: dict[str, dict[str, Any] | None] = {}  # entry fields before this batch changed them
@@ -142,12 +143,12 @@ class ResultCollection:
 
     def log(
         self, name: str, value: Any, on_step: bool | None, on_epoch: bool | None, prog_bar: bool, logger: bool,
-        sync_dist: bool, reduce_fx: str, batch_size: int | None,
+        sync_dist: bool, reduce_fx: str, batch_size: int | None, add_dataloader_idx: bool = True,
     ) -> None:
         step, epoch = self._cadence(name, on_step, on_epoch)
         if reduce_fx not in _REDUCE_FX:
             raise MisconfigurationError(f"self.log({name!r}, reduce_fx={reduce_fx!r}): use one of {_REDUCE_FX}.")
-        key = name + self.key_suffix
+        key = name + self.key_suffix if add_dataloader_idx else self._unsuffixed(name)
         with self._lock:
             entry = self.entries.get(key)
             if key not in self._before_batch:  # a checkpoint taken inside this batch rolls back to it
@@ -167,6 +168,18 @@ class ResultCollection:
                 self._set_step_value(entry, value, sync_dist, reduce_fx)
             if epoch:
                 entry.update_epoch(value, self._infer_batch_size(name, batch_size, reduce_fx))
+
+    def _unsuffixed(self, name: str) -> str:
+        """The key of a value logged with add_dataloader_idx=False: its name, which one loader only may use (as in
+        Lightning, which refuses the same name from a second loader instead of mixing the loaders' values)."""
+        first = self._loader_of.setdefault(name, self.key_suffix)
+        if first != self.key_suffix:
+            raise MisconfigurationError(
+                f"self.log({name!r}, add_dataloader_idx=False) was called for two dataloaders "
+                f"({first.lstrip('/') or 'the first'} and {self.key_suffix.lstrip('/')}); give each dataloader its own "
+                "name, or keep add_dataloader_idx=True (which appends /dataloader_idx_N)."
+            )
+        return name
 
     def _cadence(self, name: str, on_step: bool | None, on_epoch: bool | None) -> tuple[bool, bool]:
         """(on_step, on_epoch) for a value logged in the current hook: its defaults, or an error where not allowed."""
@@ -294,12 +307,20 @@ class ResultCollection:
     def load_state_dict(self, state: dict[str, dict[str, Any]]) -> None:
         self.entries = {key: _Entry(**fields) for key, fields in state.items()}
 
+    def reset_metric_objects(self) -> None:
+        """Reset the torchmetrics objects logged this epoch: called after the epoch-end hooks, as in Lightning,
+        so that `metric.compute()` inside `on_*_epoch_end` still gives the epoch's value."""
+        for entry in self.entries.values():
+            if entry.metric is not None:
+                entry.metric.reset()
+
     def reset(self) -> None:
         for entry in self.entries.values():
             if entry.metric is not None:
                 entry.metric.reset()
         self.entries.clear()
         self._pending_sync.clear()
+        self._loader_of.clear()
 
 
 def to_python(metrics: Mapping[str, Any]) -> dict[str, float]:

@@ -170,10 +170,10 @@ def open_epoch(loop: FitState, loader: Any) -> tuple[Any, int]:
                 param.grad = point.grads[name].to(param.device, param.dtype)
     loop.window_has_loss = point.window_has_loss
     if point.step_pending:  # saved between this window's last backward and its optimizer step
-        from trainer.loops import close_window
+        from trainer.optimizer_path import RestoredGradients, step_window
 
         loop.strategy.precision.prepare_resumed_step(loop.optimizers[0])
-        close_window(loop)
+        step_window(loop, point.batches_done - 1, RestoredGradients())
         position.set(Phase.BETWEEN_BATCHES)
     if point.batches_done == loop.schedule.num_training_batches and data.runs_out(loader, point.batches_done):
         data.run_out(iterator)  # the epoch's batches were all read: finish the iterator as the loop did

@@ -9,13 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.optim import Optimizer
 
-from strategies.base import _StrategyOptimizer
 from strategies.checkpoint_io import remove_stale_temp_files
 from strategies.exceptions import ConfigError, MisconfigurationError
 from trainer import checkpoint as ckpt
-from trainer import failure, loops
+from trainer import failure, loops, optimizer_path, run_start
 from trainer.control import ControlPlane
 from trainer.fit_state import FitState
 from trainer.flags import FLAG_NAMES, parse_flags
@@ -165,10 +163,7 @@ class Trainer(TrainerProperties):
         if self.fit_state.module is None:
             raise MisconfigurationError("save_checkpoint() needs a model: call it during or after fit().")
         with self.fit_state.control.outside_steps():  # rank 0 may write for long while the others wait: no bound
-            checkpoint = ckpt.dump_checkpoint(self.fit_state)
-            if weights_only:
-                for key in ("optimizer_states", "lr_schedulers", "callbacks", "rng"):
-                    checkpoint.pop(key, None)
+            checkpoint = ckpt.dump_checkpoint(self.fit_state, weights_only)
             self.strategy.save_checkpoint(checkpoint, filepath)
 
     # --- the run ------------------------------------------------------------------------------------
@@ -184,6 +179,7 @@ class Trainer(TrainerProperties):
     def _run(self, fn: TrainerFn, model: Any, datamodule: Any, loaders: dict[str, Any],
              ckpt_path: str | Path | None) -> Any:
         model = self._attach(fn, model, datamodule)
+        run_start.before_environment(self, model)  # configure_callbacks, then the uncalled-hook check
         self.state.fn, self.state.status = fn, TrainerStatus.RUNNING
         stage, loop = fn.value, self.fit_state
         try:
@@ -192,18 +188,20 @@ class Trainer(TrainerProperties):
             loop.train_results.defer_sync = self.world_size > 1
             self._agree_logger_versions()
             enable_determinism(loop.spec.deterministic)
+            run_start.prepare_data(self, model)
             if self.datamodule is not None:
-                self.datamodule.prepare_data()
                 self.datamodule.setup(stage)
             call_hook(loop, "setup", stage)
+            run_start.configure_model(model)
             loop.loaders.resolve(loop.spec, self.strategy, model, self.datamodule, fn, loaders)
+            run_start.read_signatures(loop, model, fn)
             self.strategy.setup_module(model)
             path = resolve_ckpt_path(self, ckpt_path)
             checkpoint = None
             if path:
                 checkpoint = ckpt.load_checkpoint_file(self.strategy, path)
-                ckpt.restore_module(self.strategy, checkpoint, path)
-                model.on_load_checkpoint(checkpoint)
+                model.on_load_checkpoint(checkpoint)  # first, as in Lightning: it may edit the state_dict
+                ckpt.restore_module(self.strategy, checkpoint, path, strict=model.strict_loading)
             if fn == TrainerFn.FITTING:
                 return self._fit(model, checkpoint, path)
             return self._evaluate_or_predict(fn, loaders)
@@ -211,6 +209,8 @@ class Trainer(TrainerProperties):
             self.state.status = TrainerStatus.INTERRUPTED
             clearer = self._report_failure(exc)
             call_hook(loop, "on_exception", exc)
+            if self.datamodule is not None:
+                self.datamodule.on_exception(exc)
             if isinstance(exc, KeyboardInterrupt):  # Ctrl-C: teardown runs, and code after fit() does not
                 raise SystemExit(failure.INTERRUPTED_EXIT_CODE) from None
             if clearer is not None:
@@ -275,7 +275,11 @@ class Trainer(TrainerProperties):
 
     def _fit(self, model: Any, checkpoint: dict[str, Any] | None, path: Any) -> None:
         loop = self.fit_state
-        setup = normalize_optimizers(model.configure_optimizers(), allow_none=not loop.automatic)
+        from trainer.module import TrainModule
+
+        custom_scheduler_step = _is_overridden(model, "lr_scheduler_step", TrainModule)
+        setup = normalize_optimizers(model.configure_optimizers(), allow_none=not loop.automatic,
+                                     custom_scheduler_step=custom_scheduler_step)
         if loop.automatic and len(setup.optimizers) > 1:
             raise MisconfigurationError(
                 f"configure_optimizers() returned {len(setup.optimizers)} optimizers; automatic optimization "
@@ -284,17 +288,18 @@ class Trainer(TrainerProperties):
         if not loop.automatic and self.accumulate_grad_batches > 1:
             raise ConfigError("accumulate_grad_batches > 1 is not supported with manual optimization; "
                               "accumulate in training_step instead.")
+        optimizer_path.check_manual_optimization(loop, model, TrainModule)
+        for optimizer in setup.optimizers:
+            self.strategy.precision.check_optimizer(optimizer)
         loop.optimizers = self.strategy.setup_optimizers(setup.optimizers)
         for old, new in zip(setup.optimizers, loop.optimizers, strict=True):
             for config in setup.schedulers:  # a strategy may swap in its own optimizer (ZeRO-1)
                 if getattr(config.scheduler, "optimizer", None) is old and new is not old:
                     config.scheduler.optimizer = new
         loop.lr_scheduler_configs = setup.schedulers
-        loop.scheduler_stepper = SchedulerStepper(setup.schedulers)
-        loop.user_optimizers = [
-            _StrategyOptimizer(opt, self.strategy, self._before_manual_step, self._after_manual_step)
-            for opt in loop.optimizers
-        ]
+        loop.scheduler_stepper = SchedulerStepper(setup.schedulers, model.lr_scheduler_step)
+        loop.user_optimizers = optimizer_path.wrap_optimizers(loop, setup.optimizers)
+        loop.custom_clipping = _is_overridden(model, "configure_gradient_clipping", TrainModule)
         loop.progress.settle()  # a second fit() keeps the counters, as in Lightning
         loop.position.set(Phase.BETWEEN_BATCHES)
         loop.resume_point = None
@@ -335,14 +340,6 @@ class Trainer(TrainerProperties):
             self._signals.restore()
             self.strategy.teardown()
             self.state.stage = None
-
-    # --- manual optimization: what `optimizer.step()` does around the strategy's step ------------------
-    def _before_manual_step(self, optimizer: Optimizer) -> None:
-        call_hook(self.fit_state, "on_before_optimizer_step", optimizer)
-
-    def _after_manual_step(self, optimizer: Optimizer, stepped: bool) -> None:
-        self.fit_state.progress.global_step += 1
-        self.fit_state.position.set(Phase.MANUAL_STEPPED)
 
 
 def _looks_like_datamodule(obj: Any) -> bool:

@@ -103,7 +103,8 @@ for _name in ("on_fit_start", "on_train_start", "on_train_epoch_start", "on_befo
 HOOK_SAVES = [
     ("on_fit_start", 0), ("on_sanity_check_end", 0), ("on_train_start", 0), ("on_train_epoch_start", 0),
     *((hook, MID) for hook in ("on_train_batch_start", "training_step", "on_before_backward", "on_after_backward",
-                               "on_before_optimizer_step", "on_before_zero_grad", "on_train_batch_end")),
+                               "on_before_optimizer_step", "on_train_batch_end")),
+    ("on_before_zero_grad", AFTER_VAL),  # runs on the first batch of a window (12), after its training_step
     *((hook, WINDOW) for hook in ("on_train_batch_start", "training_step", "on_before_backward",
                                   "on_after_backward", "on_train_batch_end")),
     *((hook, AFTER_VAL) for hook in ("on_train_batch_end", "on_validation_start", "on_validation_batch_end",

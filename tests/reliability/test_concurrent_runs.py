@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import pickle
 import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -152,3 +153,20 @@ def test_two_runs_into_one_model_checkpoint_folder_version_the_name(tmp_path: Pa
         "epoch=1-step=4.ckpt", "epoch=2-step=6.ckpt", "last-v1.ckpt", "last.ckpt"]
     assert torch.equal(safe_load(folder / "last-v1.ckpt")["state_dict"]["layer.weight"], third_model.layer.weight)
     assert {name: (folder / name).read_bytes() for name in first_bytes} == first_bytes
+
+
+def test_the_non_empty_folder_warning_is_for_fit_only_as_in_lightning(tmp_path: Path):
+    cb = ModelCheckpoint(dirpath=tmp_path / "ckpts")
+    trainer = Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=2, callbacks=[cb],
+                      **{**QUIET, "enable_checkpointing": True})
+    model = BoringModel()
+    trainer.fit(model)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer.test(model, ckpt_path="best")
+        trainer.predict(model, ckpt_path="best")
+    assert not [w for w in record if "exists and is not empty" in str(w.message)]
+    with pytest.warns(UserWarning, match="exists and is not empty"):
+        Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=0,
+                callbacks=[ModelCheckpoint(dirpath=cb.dirpath)], **{**QUIET, "enable_checkpointing": True}
+                ).fit(BoringModel())

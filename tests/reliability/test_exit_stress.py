@@ -1,6 +1,7 @@
 """Finished runs exit 0 on every rank, under every launcher (tests/scripts/exit_stress.py).
 
-CI runs STRESS_N rounds (default 1) of each launch mode, two launches at a time, and one amplified round:
+CI runs STRESS_N rounds (default 1) of each launch mode, two launches at a time, and one amplified round with
+its four launches at once (they spend most of their time asleep in the amplifier, so this halves the wait):
 tests/scripts/slow_gloo_worker.c makes gloo worker threads release finished work 200 ms late, so the exit race
 behind "terminate called without an active exception" happens every time. A raw torch script (the control) then
 aborts; our launches must not. `STRESS_N=100 python tests/scripts/exit_stress.py` is the full mode (the command and
@@ -33,7 +34,7 @@ def test_every_launcher_exits_zero_after_a_finished_fit():
 @pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="the amplifier needs a C compiler")
 def test_late_gloo_release_aborts_a_raw_script_but_not_our_ranks():
     modes = ["ddp", "ddp_spawn", "torchrun", "raw_spawn"]
-    outcomes = run_stress(modes, 1, parallel=2, amplify=True)
+    outcomes = run_stress(modes, 1, parallel=len(modes), amplify=True)  # they mostly sleep in the amplifier
     table = summarize(outcomes, modes)
     assert table["raw_spawn"]["abort"] == 1, f"the amplifier did not reproduce the race: {table}\n{_explain(outcomes)}"
     ours = {mode: row for mode, row in table.items() if mode != "raw_spawn"}

@@ -114,20 +114,20 @@ def test_damaged_files_give_a_checkpoint_load_error(tmp_path: Path, damage: str)
     assert "will likely succeed" not in message
 
 
-def test_config_objects_in_hparams_fail_at_save_time(tmp_path: Path):
+def test_objects_a_hook_adds_to_the_checkpoint_fail_at_save_time_naming_the_key(tmp_path: Path):
     from collections import defaultdict
 
     class Holder(BoringModel):
-        def __init__(self, config: Any) -> None:
-            super().__init__()
-            self.save_hyperparameters()
+        def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+            checkpoint["config"] = defaultdict(int, {"lr": 1})  # torch's safe loader refuses defaultdict
 
-    model = Holder(config=defaultdict(int, {"lr": 1}))
+    model = Holder()
     trainer = Trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=0, **QUIET)
     trainer.fit(model)
-    expected = r"checkpoint\['hparams'\]\['config'\] holds a collections.defaultdict"
+    expected = r"checkpoint\['config'\] holds a collections.defaultdict"
     with pytest.raises(CheckpointSaveError, match=expected):
         trainer.save_checkpoint(tmp_path / "bad.ckpt")
+    assert not (tmp_path / "bad.ckpt").exists()
 
 
 def test_missing_path_and_directory_give_clear_errors(tmp_path: Path):
@@ -153,10 +153,14 @@ def test_malicious_pickle_is_refused_and_never_executed(tmp_path: Path):
 
 
 def test_foreign_and_newer_checkpoints_are_named(tmp_path: Path):
-    foreign = tmp_path / "lightning.ckpt"
-    torch.save({"state_dict": {}, "pytorch-lightning_version": "2.6.6"}, foreign)
-    with pytest.raises(CheckpointLoadError, match=r"no 'format_version'.*PyTorch Lightning checkpoint"):
+    foreign = tmp_path / "other_tool.ckpt"
+    torch.save({"state_dict": {}, "model_version": 3}, foreign)
+    with pytest.raises(CheckpointLoadError, match=r"no 'format_version': it was not written by this trainer\.$"):
         Trainer(max_epochs=1, **QUIET).fit(BoringModel(), ckpt_path=foreign)
+    lightning = tmp_path / "lightning.ckpt"  # read (tests/compat/test_lightning_checkpoints.py), here of another model
+    torch.save({"state_dict": {}, "pytorch-lightning_version": "2.6.6"}, lightning)
+    with pytest.raises(CheckpointLoadError, match=r"lightning.ckpt does not match the model: missing keys"):
+        Trainer(max_epochs=1, **QUIET).fit(BoringModel(), ckpt_path=lightning)
     newer = tmp_path / "newer.ckpt"
     torch.save({"format_version": FORMAT_VERSION + 1}, newer)
     with pytest.raises(CheckpointLoadError, match=r"newer than this release understands"):

@@ -200,7 +200,7 @@ def test_gradient_clip_by_value():
         def training_step(self, batch: Any, batch_idx: int) -> Any:
             return self(batch).sum() * 1000
 
-        def on_before_zero_grad(self, optimizer: Any) -> None:
+        def on_train_batch_end(self, *args: Any) -> None:  # the step's clipped gradients stay until the next zero_grad
             grads.append(max(p.grad.abs().max().item() for p in self.parameters()))
 
     Trainer(max_epochs=1, limit_train_batches=2, gradient_clip_val=0.25, gradient_clip_algorithm="value",

@@ -65,7 +65,8 @@ for _name in _CALLBACK_HOOKS:
     setattr(_RecordingCallback, _name, _recorder(_name))
 
 _MODULE_HOOKS = [n for n in vars(TrainModule) if n.startswith("on_") or n in ("setup", "teardown")]
-_STEPS = ["training_step", "validation_step", "configure_optimizers"]
+_STEPS = ["training_step", "validation_step", "configure_optimizers", "optimizer_step", "optimizer_zero_grad",
+          "backward", "configure_gradient_clipping"]
 
 
 class _RecordingModel(BoringModel):

@@ -50,8 +50,8 @@ EXPECTED_DONE = {
     **{f"{hook}@0": 0 for hook in ("on_fit_start", "on_sanity_check_end", "on_train_start", "on_train_epoch_start")},
     **{f"{hook}@{k}": k - 1 for hook in ("on_train_batch_start", "training_step", "on_before_backward")
        for k in (MID, WINDOW)},
-    **{f"{hook}@{MID}": MID for hook in ("on_after_backward", "on_before_optimizer_step", "on_before_zero_grad",
-                                         "on_train_batch_end")},
+    f"on_before_zero_grad@{AFTER_VAL}": AFTER_VAL - 1,  # before that batch's backward
+    **{f"{hook}@{MID}": MID for hook in ("on_after_backward", "on_before_optimizer_step", "on_train_batch_end")},
     **{f"{hook}@{WINDOW}": WINDOW for hook in ("on_after_backward", "on_train_batch_end")},
     **{f"{hook}@{AFTER_VAL}": AFTER_VAL for hook in ("on_train_batch_end", "on_validation_start",
                                                      "on_validation_batch_end", "on_validation_epoch_end",

@@ -1,0 +1,55 @@
+"""Which arguments a step method takes, read once per run from its signature, as Lightning does.
+
+`training_step(self, batch)` gets no `batch_idx`; `validation_step`, `test_step` and `predict_step` get
+`batch_idx` when they take it, and `dataloader_idx` only with several loaders, where they must take it.
+Lightning's rule for `batch_idx`: a parameter of that name, `*args`, or at least two parameters.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from strategies.exceptions import MisconfigurationError
+
+STEP_NAMES = ("training_step", "validation_step", "test_step", "predict_step")
+
+
+def _parameters(fn: Callable[..., Any]) -> inspect.FullArgSpec:
+    fn = getattr(fn, "__wrapped__", fn)  # a decorated step: read the function it wraps
+    return inspect.getfullargspec(fn)
+
+
+def takes_batch_idx(fn: Callable[..., Any]) -> bool:
+    """Whether the step is called with `batch_idx` (Lightning: by name, `*args`, or two parameters or more)."""
+    spec = _parameters(fn)
+    args = spec.args[1:] if inspect.ismethod(fn) or spec.args[:1] == ["self"] else spec.args
+    return "batch_idx" in args or spec.varargs is not None or len(args) >= 2
+
+
+def steps_without_batch_idx(module: Any) -> frozenset[str]:
+    """The step methods of `module` that are called without `batch_idx`."""
+    return frozenset(name for name in STEP_NAMES if not takes_batch_idx(getattr(module, name)))
+
+
+def check_dataloader_idx(module: Any, step: str, hooks: tuple[str, ...], many: bool) -> None:
+    """With several loaders the step and batch hooks get `dataloader_idx`: they must take it (Lightning's check).
+
+    With one loader they do not get it, so a `dataloader_idx` without a default is an error too.
+    """
+    for name in (step, *hooks):
+        fn = getattr(module, name)
+        spec = _parameters(fn)
+        params = inspect.signature(fn).parameters
+        present = "dataloader_idx" in spec.args or spec.varargs is not None
+        if many and not present:
+            raise MisconfigurationError(
+                f"there are several {step.split('_')[0]} dataloaders, but {type(module).__name__}.{name}() has no "
+                "`dataloader_idx` parameter; add `dataloader_idx=0` to its signature."
+            )
+        if not many and "dataloader_idx" in params and params["dataloader_idx"].default is inspect.Parameter.empty:
+            raise MisconfigurationError(
+                f"there is one {step.split('_')[0]} dataloader, but {type(module).__name__}.{name}() requires "
+                "`dataloader_idx`; give it a default (`dataloader_idx=0`) or remove it."
+            )
