@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 _OWN = frozenset({"_optimizer", "_strategy", "_after_closure", "_after_step"})
 
 
-class _StrategyOptimizer:
+class StrategyOptimizer:
     """The wrapper's behaviour; `wrap_optimizer` mixes it into a subclass of the user's optimizer class.
 
     `step(closure)` runs `closure` (training_step and backward, or whatever the user passes), then
@@ -103,16 +103,16 @@ _CLASSES: dict[type, type] = {}
 
 
 def wrap_optimizer(optimizer: Optimizer, strategy: Strategy, after_closure: Callable[[Optimizer], None],
-                   after_step: Callable[[Optimizer, bool], None], user_class: type | None = None) -> _StrategyOptimizer:
+                   after_step: Callable[[Optimizer, bool], None], user_class: type | None = None) -> StrategyOptimizer:
     """Wrap `optimizer` (as the strategy set it up) in an instance of a subclass of `user_class`, the class of
     the optimizer `configure_optimizers` returned (default: `optimizer`'s own class)."""
     base = user_class or type(optimizer)
     cls = _CLASSES.get(base)
     if cls is None:
-        cls = _CLASSES[base] = type(f"Strategy{base.__name__}", (_StrategyOptimizer, base), {})
+        cls = _CLASSES[base] = type(f"Strategy{base.__name__}", (StrategyOptimizer, base), {})
     return cls(optimizer, strategy, after_closure, after_step)
 
 
 def unwrap_optimizer(optimizer: Any) -> Optimizer:
     """The torch optimizer behind what `TrainModule.optimizers()` handed out (GradScaler keys state by it)."""
-    return optimizer.optimizer if isinstance(optimizer, _StrategyOptimizer) else optimizer
+    return optimizer.optimizer if isinstance(optimizer, StrategyOptimizer) else optimizer

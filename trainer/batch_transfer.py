@@ -17,9 +17,9 @@ TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_af
 
 
 def _defines(obj: Any, name: str, base: type) -> bool:
-    from trainer.hooks import _is_overridden
+    from trainer.hooks import is_overridden
 
-    return obj is not None and _is_overridden(obj, name, base)
+    return obj is not None and is_overridden(obj, name, base)
 
 
 class BatchTransfer:

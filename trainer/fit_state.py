@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from torch.optim import Optimizer
 
 from strategies.base import Strategy
-from strategies.strategy_optimizer import _StrategyOptimizer
+from strategies.strategy_optimizer import StrategyOptimizer
 from trainer.batch_transfer import BatchTransfer
 from trainer.control import ControlPlane
 from trainer.flags import RunSpec
@@ -85,7 +85,7 @@ class FitState:
     optimizers: list[Optimizer] = field(default_factory=list)
     lr_scheduler_configs: list[SchedulerConfig] = field(default_factory=list)
     scheduler_stepper: SchedulerStepper = field(default_factory=lambda: SchedulerStepper([]))
-    user_optimizers: list[_StrategyOptimizer] = field(default_factory=list)
+    user_optimizers: list[StrategyOptimizer] = field(default_factory=list)
     automatic: bool = True
     custom_clipping: bool = False
     window_has_loss: bool = False

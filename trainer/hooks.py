@@ -95,7 +95,7 @@ if TYPE_CHECKING:
 _MONITOR_AFTER_MODULE = frozenset({"on_train_epoch_end"})
 
 
-def _is_overridden(obj: Any, name: str, base: type) -> bool:
+def is_overridden(obj: Any, name: str, base: type) -> bool:
     """True when `obj` defines `name` differently from `base`'s no-op (or as an instance attribute)."""
     if name in getattr(obj, "__dict__", {}):
         return True
@@ -129,7 +129,7 @@ class HookDispatcher:
 
         trainer = self._trainer
         module = trainer.lightning_module
-        callbacks = [cb for cb in trainer.callbacks if _is_overridden(cb, name, Callback)]
+        callbacks = [cb for cb in trainer.callbacks if is_overridden(cb, name, Callback)]
         calls: list[Callable[..., Any]] = []
         if name in _MONITOR_AFTER_MODULE:
             first = [cb for cb in callbacks if not getattr(cb, "is_monitoring_callback", False)]
@@ -137,7 +137,7 @@ class HookDispatcher:
         else:
             first, last = callbacks, []
         calls.extend(_callback_call(cb, name, trainer) for cb in first)
-        if module is not None and hasattr(module, name) and _is_overridden(module, name, TrainModule):
+        if module is not None and hasattr(module, name) and is_overridden(module, name, TrainModule):
             calls.append(getattr(module, name))
         calls.extend(_callback_call(cb, name, trainer) for cb in last)
         return calls

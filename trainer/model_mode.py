@@ -28,11 +28,11 @@ class ModuleMode:
 
     def leave(self, module: nn.Module, stage: str) -> None:
         """Call an overridden `on_<stage>_model_train`, or restore the recorded modes."""
-        from trainer.hooks import _is_overridden
+        from trainer.hooks import is_overridden
         from trainer.module import TrainModule
 
         hook = f"on_{_HOOK_STAGE[stage]}_model_train"
-        if stage != "predict" and _is_overridden(module, hook, TrainModule):
+        if stage != "predict" and is_overridden(module, hook, TrainModule):
             getattr(module, hook)()
             return
         for name, sub in module.named_modules():

@@ -14,7 +14,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from strategies.exceptions import MisconfigurationError
-from strategies.strategy_optimizer import _StrategyOptimizer, unwrap_optimizer
+from strategies.strategy_optimizer import StrategyOptimizer, unwrap_optimizer
 from trainer.optim import step_scheduler
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ class OptimizationHooks:
         loop.strategy.manual_backward(loss, *args, **kwargs)
         call_hook(loop, "on_after_backward")
 
-    def clip_gradients(self, optimizer: Optimizer | _StrategyOptimizer, gradient_clip_val: float | None = None,
+    def clip_gradients(self, optimizer: Optimizer | StrategyOptimizer, gradient_clip_val: float | None = None,
                        gradient_clip_algorithm: str | None = None) -> None:
         """Clip the optimizer's gradients through the strategy (unscaled first under 16-mixed).
 
@@ -133,7 +133,7 @@ class OptimizationHooks:
             trainer.strategy.clip_gradients(optimizer, max_value=gradient_clip_val)
 
     # --- several optimizers (manual optimization, e.g. a GAN) ------------------------------------------------
-    def toggle_optimizer(self, optimizer: Optimizer | _StrategyOptimizer) -> None:
+    def toggle_optimizer(self, optimizer: Optimizer | StrategyOptimizer) -> None:
         """Let only `optimizer`'s parameters compute gradients: parameters that only the other optimizers hold get
         `requires_grad=False` until `untoggle_optimizer`. A parameter frozen before stays frozen."""
         saved: dict[Tensor, bool] = {}
@@ -148,7 +148,7 @@ class OptimizationHooks:
                 param.requires_grad = saved[param]
         self._param_requires_grad_state = saved
 
-    def untoggle_optimizer(self, optimizer: Optimizer | _StrategyOptimizer) -> None:
+    def untoggle_optimizer(self, optimizer: Optimizer | StrategyOptimizer) -> None:
         """Give the parameters of the other optimizers back the `requires_grad` they had at `toggle_optimizer`."""
         saved: dict[Tensor, bool] = getattr(self, "_param_requires_grad_state", {})
         target = unwrap_optimizer(optimizer)
@@ -162,7 +162,7 @@ class OptimizationHooks:
         self._param_requires_grad_state = {}
 
     @contextmanager
-    def toggled_optimizer(self, optimizer: Optimizer | _StrategyOptimizer) -> Iterator[None]:
+    def toggled_optimizer(self, optimizer: Optimizer | StrategyOptimizer) -> Iterator[None]:
         """`toggle_optimizer` for the block, `untoggle_optimizer` after it (also when it raises)."""
         self.toggle_optimizer(optimizer)
         try:

@@ -23,9 +23,8 @@ from torch.optim import Optimizer
 
 from strategies.distributed import rank_zero_warn
 from strategies.exceptions import MisconfigurationError
-from strategies.strategy_optimizer import _StrategyOptimizer, wrap_optimizer
-from trainer.hooks import _is_overridden as is_overridden
-from trainer.hooks import call_hook
+from strategies.strategy_optimizer import StrategyOptimizer, wrap_optimizer
+from trainer.hooks import call_hook, is_overridden
 from trainer.position import Phase
 
 if TYPE_CHECKING:
@@ -195,7 +194,7 @@ def check_manual_optimization(loop: FitState, module: Any, base: type) -> None:
         )
 
 
-def wrap_optimizers(loop: FitState, built: list[Optimizer]) -> list[_StrategyOptimizer]:
+def wrap_optimizers(loop: FitState, built: list[Optimizer]) -> list[StrategyOptimizer]:
     """The wrappers of the run's optimizers (`loop.optimizers`, as the strategy set them up), each an instance of
     the class of the optimizer `configure_optimizers` built (`built`)."""
     return [wrap_optimizer(optimizer, loop.strategy, partial(after_closure, loop), partial(after_step, loop),

@@ -109,10 +109,10 @@ class StageLoaders:
             if len(train) > 1:
                 raise MisconfigurationError("fit() takes one training dataloader; combine several into one dataset.")
             self.train, self.num_train = train[0], limits[0]
-            from trainer.hooks import _is_overridden
+            from trainer.hooks import is_overridden
             from trainer.module import TrainModule
 
-            has_val_step = _is_overridden(module, "validation_step", TrainModule)
+            has_val_step = is_overridden(module, "validation_step", TrainModule)
             self.val, self.val_limits = prepare("val", False) if has_val_step else ([], [])
             if not any(self.val_limits):
                 self.val, self.val_limits = [], []

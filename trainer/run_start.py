@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from strategies.distributed import rank_zero_info
 from strategies.exceptions import ConfigError, MisconfigurationError
-from trainer.hooks import _is_overridden
+from trainer.hooks import is_overridden
 from trainer.state import TrainerFn
 from trainer.step_signature import check_dataloader_idx, steps_without_batch_idx
 from trainer.uncalled_hooks import refuse_uncalled_hooks
@@ -66,7 +66,7 @@ def prepare_data(trainer: Trainer, module: Any) -> None:
     local_zero = trainer.local_rank == 0
     global_zero = local_zero and trainer.node_rank == 0
     for obj, base in ((trainer.datamodule, DataModule), (module, TrainModule)):
-        if obj is None or not _is_overridden(obj, "prepare_data", base):
+        if obj is None or not is_overridden(obj, "prepare_data", base):
             continue
         if local_zero if obj.prepare_data_per_node else global_zero:
             obj.prepare_data()
@@ -77,7 +77,7 @@ def configure_model(module: Any) -> None:
     """`configure_model()` after `setup`, before the strategy sets the module up (when the user defined it)."""
     from trainer.module import TrainModule
 
-    if _is_overridden(module, "configure_model", TrainModule):
+    if is_overridden(module, "configure_model", TrainModule):
         module.configure_model()
 
 

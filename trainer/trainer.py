@@ -17,7 +17,7 @@ from trainer import failure, loops, optimizer_path, run_start
 from trainer.control import ControlPlane
 from trainer.fit_state import FitState
 from trainer.flags import FLAG_NAMES, parse_flags
-from trainer.hooks import HookDispatcher, _is_overridden, call_hook
+from trainer.hooks import HookDispatcher, call_hook, is_overridden
 from trainer.metrics import MetricsRouter
 from trainer.optim import SchedulerStepper, normalize_optimizers
 from trainer.position import LoopPosition, Phase
@@ -252,14 +252,14 @@ class Trainer(TrainerProperties):
                 f"{fn.value}() needs a TrainModule, got {type(model).__name__}. Subclass trainer.TrainModule."
             )
         if fn == TrainerFn.FITTING:
-            if not _is_overridden(model, "training_step", TrainModule):
+            if not is_overridden(model, "training_step", TrainModule):
                 raise MisconfigurationError(
                     f"{type(model).__name__} must define training_step(batch, batch_idx) to fit."
                 )
-            if not _is_overridden(model, "configure_optimizers", TrainModule):
+            if not is_overridden(model, "configure_optimizers", TrainModule):
                 raise MisconfigurationError(f"{type(model).__name__} must define configure_optimizers() to fit.")
         required = {TrainerFn.VALIDATING: "validation_step", TrainerFn.TESTING: "test_step"}.get(fn)
-        if required and not _is_overridden(model, required, TrainModule):
+        if required and not is_overridden(model, required, TrainModule):
             raise MisconfigurationError(
                 f"{type(model).__name__} must define {required}(batch, batch_idx) for {fn.value}()."
             )
@@ -277,7 +277,7 @@ class Trainer(TrainerProperties):
         loop = self.fit_state
         from trainer.module import TrainModule
 
-        custom_scheduler_step = _is_overridden(model, "lr_scheduler_step", TrainModule)
+        custom_scheduler_step = is_overridden(model, "lr_scheduler_step", TrainModule)
         setup = normalize_optimizers(model.configure_optimizers(), allow_none=not loop.automatic,
                                      custom_scheduler_step=custom_scheduler_step)
         if loop.automatic and len(setup.optimizers) > 1:
@@ -299,7 +299,7 @@ class Trainer(TrainerProperties):
         loop.lr_scheduler_configs = setup.schedulers
         loop.scheduler_stepper = SchedulerStepper(setup.schedulers, model.lr_scheduler_step)
         loop.user_optimizers = optimizer_path.wrap_optimizers(loop, setup.optimizers)
-        loop.custom_clipping = _is_overridden(model, "configure_gradient_clipping", TrainModule)
+        loop.custom_clipping = is_overridden(model, "configure_gradient_clipping", TrainModule)
         loop.progress.settle()  # a second fit() keeps the counters, as in Lightning
         loop.position.set(Phase.BETWEEN_BATCHES)
         loop.resume_point = None
