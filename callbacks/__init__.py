@@ -6,5 +6,7 @@ from callbacks.early_stopping import EarlyStopping
 from callbacks.lr_monitor import LearningRateMonitor
 from callbacks.model_summary import ModelSummary
 from callbacks.progress import ProgressBar
+from callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
-__all__ = ["Callback", "EarlyStopping", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary", "ProgressBar"]
+__all__ = ["Callback", "EMAWeightAveraging", "EarlyStopping", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary",
+           "ProgressBar", "WeightAveraging"]

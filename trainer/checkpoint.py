@@ -78,7 +78,10 @@ def dump_checkpoint(loop: FitState, weights_only: bool = False) -> dict[str, Any
             checkpoint["datamodule_hparams_name"] = entries["hparams_name"]
     from trainer.hooks import call_hook
 
-    call_hook(loop, "on_save_checkpoint", checkpoint)
+    if weights_only:  # Lightning's rule: callbacks add nothing to a weights-only file, the module's hook still runs
+        trainer.lightning_module.on_save_checkpoint(checkpoint)
+    else:
+        call_hook(loop, "on_save_checkpoint", checkpoint)
     if weights_only:
         for key in WEIGHTS_ONLY_DROPS:
             checkpoint.pop(key, None)
