@@ -3,10 +3,13 @@
 from callbacks.base import Callback
 from callbacks.checkpoint import ModelCheckpoint
 from callbacks.early_stopping import EarlyStopping
+from callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from callbacks.lr_monitor import LearningRateMonitor
 from callbacks.model_summary import ModelSummary
 from callbacks.progress import ProgressBar
 from callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
-__all__ = ["Callback", "EMAWeightAveraging", "EarlyStopping", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary",
-           "ProgressBar", "WeightAveraging"]
+__all__ = [
+    "BackboneFinetuning", "BaseFinetuning", "Callback", "EMAWeightAveraging", "EarlyStopping", "LearningRateMonitor",
+    "ModelCheckpoint", "ModelSummary", "ProgressBar", "WeightAveraging",
+]

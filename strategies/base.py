@@ -156,6 +156,10 @@ class Strategy(ABC):
         """Wrap the router (DDP, DP, FSDP2). Identity by default."""
         return router
 
+    def sync_trainable_parameters(self) -> None:  # noqa: B027 (optional)
+        """Called on every rank at each training epoch start, after its hooks (where fine-tuning unfreezes layers):
+        adapt whatever the wrap built from the parameters that require grad. Nothing to do by default."""
+
     def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
         """Return the optimizers to use (ZeRO-1 swaps in a sharded optimizer). Identity by default."""
         return optimizers

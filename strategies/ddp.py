@@ -76,6 +76,7 @@ class DDPStrategy(ParallelStrategy):
         self._ddp_kwargs = {"find_unused_parameters": find_unused_parameters, "static_graph": static_graph,
                             **ddp_kwargs}
         self._ddp: DistributedDataParallel | None = None
+        self._trainable_when_wrapped: tuple[bool, ...] = ()
 
     @classmethod
     def register(cls, registry: Any) -> None:
@@ -86,7 +87,16 @@ class DDPStrategy(ParallelStrategy):
     def _wrap(self, router: _StepRouter) -> torch.nn.Module:
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         self._ddp = DistributedDataParallel(router, device_ids=device_ids, **self._ddp_kwargs)
+        self._trainable_when_wrapped = _trainable(router)
         return self._ddp
+
+    def sync_trainable_parameters(self) -> None:
+        """DDP builds its gradient reducer from the parameters that require grad when it wraps the module: a parameter
+        unfrozen later (fine-tuning) would be trained on each rank's own gradient, and the ranks would drift apart
+        without an error. When that set has changed, wrap again (a collective: every rank changes it alike)."""
+        router = self._wrapped.module
+        if _trainable(router) != self._trainable_when_wrapped:
+            self._model = self._step = self._wrap(router)
 
     @property
     def _wrapped(self) -> DistributedDataParallel:
@@ -113,3 +123,7 @@ class DDPStrategy(ParallelStrategy):
     def __repr__(self) -> str:
         return (f"DDPStrategy(devices={len(self.parallel_devices)}, num_nodes={self.num_nodes}, "
                 f"backend={self.process_group_backend!r}, start_method={self.start_method!r})")
+
+
+def _trainable(module: torch.nn.Module) -> tuple[bool, ...]:
+    return tuple(param.requires_grad for param in module.parameters())

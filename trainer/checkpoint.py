@@ -142,9 +142,16 @@ def restore_module(strategy: Strategy, checkpoint: Mapping[str, Any], path: str 
 
 
 def restore_training_state(loop: FitState, checkpoint: Mapping[str, Any], path: str | Path) -> None:
-    """Optimizers, schedulers, precision, loop progress, callbacks, RNG, in that order."""
+    """Callbacks, optimizers, schedulers, precision, loop progress, RNG, in that order."""
     s, trainer = loop.strategy, loop.trainer
     check_resumable(checkpoint, path, bool(loop.optimizers))
+    # Callbacks first, as in Lightning: one may change the optimizers' param groups (callbacks/finetuning.py)
+    # before their saved state is loaded into them.
+    states = checkpoint.get("callbacks", {})
+    for cb in trainer.callbacks:
+        if cb.state_key in states:
+            cb.load_state_dict(states[cb.state_key])
+        cb.on_load_checkpoint(trainer, trainer.lightning_module, dict(checkpoint))
     saved_opts = checkpoint.get("optimizer_states", [])
     if len(saved_opts) != len(loop.optimizers):
         raise CheckpointLoadError(
@@ -171,11 +178,6 @@ def restore_training_state(loop: FitState, checkpoint: Mapping[str, Any], path: 
         loop.scheduler_stepper.step("epoch", progress.current_epoch + 1, loop.metrics.callback_metrics)
         progress.current_epoch += 1
         progress.epoch_finished, progress.epoch_batches, progress.epoch_opened = False, 0, False
-    states = checkpoint.get("callbacks", {})
-    for cb in trainer.callbacks:
-        if cb.state_key in states:
-            cb.load_state_dict(states[cb.state_key])
-        cb.on_load_checkpoint(trainer, trainer.lightning_module, dict(checkpoint))
     if trainer.datamodule is not None and "datamodule" in checkpoint:
         trainer.datamodule.load_state_dict(checkpoint["datamodule"])
 

@@ -99,6 +99,7 @@ def _start_epoch(loop: FitState, loader: Any) -> tuple[Any, int]:
     loop.trainer.state.stage = RunningStage.TRAINING
     loop.strategy.module.train()
     call_hook(loop, "on_train_epoch_start")
+    loop.strategy.sync_trainable_parameters()  # a callback may have unfrozen layers (callbacks/finetuning.py)
     iterator, start = resume.open_epoch(loop, loader)
     progress.epoch_batches, progress.epoch_finished = start, False
     loop.control.check_batch_counts(num_batches)
