@@ -5,6 +5,7 @@ The model knows nothing about devices or strategies: `--strategy ddp --devices 2
 
     python examples/digits.py                          # single device, prints accuracy, time, paths
     python examples/digits.py --max-epochs 1 --no-progress-bar
+    python examples/digits.py --find-lr                # Tuner.lr_find first, then train with its suggestion
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainer import DataModule, Trainer, TrainModule, seed_everything
+from trainer.tuner import Tuner
 
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "runs" / "digits"  # under the git-ignored runs/
 
@@ -96,6 +98,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--root", default=str(DEFAULT_ROOT), help="default_root_dir: logs and checkpoints go here")
     p.add_argument("--no-progress-bar", action="store_true")
+    p.add_argument("--find-lr", action="store_true", help="run Tuner.lr_find first and train with its suggestion")
     return p.parse_args()
 
 
@@ -112,6 +115,10 @@ def main() -> None:
         precision=args.precision,
         max_epochs=args.max_epochs, default_root_dir=args.root, enable_progress_bar=not args.no_progress_bar,
     )
+    if args.find_lr:  # the range test: the suggestion replaces --lr (model.hparams.lr), the plot goes to --root
+        finder = Tuner(trainer).lr_find(model, datamodule=data, min_lr=1e-5, max_lr=1.0)
+        if trainer.is_global_zero and finder is not None:
+            print(f"lr_find suggestion:        {model.hparams.lr:.3g} (plot: {finder.plot_path})")
     start = time.perf_counter()
     trainer.fit(model, datamodule=data)
     fit_seconds = time.perf_counter() - start

@@ -94,7 +94,9 @@ class Trainer(TrainerProperties):
         checkpoint_on_interrupt: bool = False,
     ) -> None:
         given = locals()
-        spec = parse_flags(**{name: given[name] for name in FLAG_NAMES})
+        flags = {name: given[name] for name in FLAG_NAMES}
+        spec = parse_flags(**flags)
+        self.init_flags = flags  # as given: the tuner builds its trial Trainer from them (trainer/tuner.py)
         if profiler is not None:
             raise ConfigError("profiler is not supported yet; pass profiler=None (use torch.profiler directly).")
         self.strategy = spec.strategy

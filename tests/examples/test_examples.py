@@ -95,3 +95,12 @@ def test_config_fast_dev_run(name: str):
     module, data, steps = EXPECTED[name]
     assert (type(out.model).__name__, type(out.datamodule).__name__, out.trainer.global_step) == (module, data, steps)
     assert Path(name, "config.yaml").is_file()
+
+
+@pytest.mark.timeout(120)
+def test_digits_find_lr_trains_with_the_suggestion(tmp_path: Path):
+    res = _run_example("digits.py", "--find-lr", "--max-epochs", "1", "--no-progress-bar", "--root", str(tmp_path),
+                       out=tmp_path, timeout=110)
+    suggestion = float(re.search(r"lr_find suggestion:\s+(\S+)", res.output).group(1))
+    assert 1e-5 < suggestion < 1.0
+    assert (tmp_path / "lr_find.png").stat().st_size > 0

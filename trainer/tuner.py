@@ -1,0 +1,127 @@
+"""`Tuner(trainer)`: Lightning's tuner entry point (`lightning.pytorch.tuner.Tuner`) for the learning-rate finder.
+
+`lr_find` runs its range test in a trial Trainer built from the same flags as the user's (devices, strategy,
+precision, limits...), with only the sweep as callback and no logger, checkpoints, bar or summary, so the user's
+Trainer, its callbacks and its folders are untouched. The module's weights are put back afterwards; as under
+Lightning, the random number generators are not (the trial drew from them).
+
+Example:
+    ```python
+    tuner = Tuner(trainer)
+    finder = tuner.lr_find(model)          # also sets model.lr (or .learning_rate) to the suggestion
+    print(finder.suggestion())
+    trainer.fit(model)
+    ```
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from strategies.distributed import rank_zero_info, rank_zero_warn
+from strategies.exceptions import ConfigError
+from trainer.lr_finder import MODES, LRFinderResult, LRSweep
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
+_LR_NAMES = ("lr", "learning_rate")
+
+
+def _lr_attribute(model: Any, attr_name: str) -> str:
+    """Lightning's lookup: the given name, else `lr` or `learning_rate`, on the module or in its hparams."""
+    hparams = getattr(model, "hparams", {}) or {}
+    names = (attr_name,) if attr_name else _LR_NAMES
+    for name in names:
+        if hasattr(model, name) or name in hparams:
+            return name
+    if attr_name:
+        raise ConfigError(f"lr_find(attr_name={attr_name!r}): the module has no attribute or hparam of that name.")
+    raise ConfigError("lr_find(update_attr=True) needs the module (or its hparams) to have `lr` or `learning_rate`; "
+                      "name yours with lr_find(attr_name=...) or pass update_attr=False.")
+
+
+def _set_lr(model: Any, name: str, lr: float) -> None:
+    if hasattr(model, name):
+        setattr(model, name, lr)
+    hparams = getattr(model, "hparams", None)
+    if hparams is not None and name in hparams:
+        hparams[name] = lr
+
+
+class Tuner:
+    """Tunes hyperparameters for `trainer` (Lightning's `Tuner`): `lr_find`."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self._trainer = trainer
+
+    def lr_find(self, model: Any, train_dataloaders: Any = None, val_dataloaders: Any = None,
+                dataloaders: Any = None, datamodule: Any = None, method: str = "fit", min_lr: float = 1e-8,
+                max_lr: float = 1.0, num_training: int = 100, mode: str = "exponential",
+                early_stop_threshold: float | None = 4.0, update_attr: bool = True,
+                attr_name: str = "") -> LRFinderResult | None:
+        """Run the learning-rate range test and return its curve and suggestion (Lightning's arguments).
+
+        With `update_attr`, the module's `lr`/`learning_rate` (or `attr_name`), attribute or hparam, is set to the
+        suggestion. The plot is saved as `lr_find.png` in the Trainer's `default_root_dir` (by global rank 0).
+        """
+        if method != "fit":
+            raise ConfigError(f"lr_find(method={method!r}): the learning-rate finder runs on method='fit' only.")
+        if mode not in MODES:
+            raise ConfigError(f"lr_find(mode={mode!r}) is not valid: use 'exponential' or 'linear'.")
+        if not 0 < min_lr < max_lr:
+            raise ConfigError(f"lr_find needs 0 < min_lr < max_lr; got min_lr={min_lr}, max_lr={max_lr}.")
+        if dataloaders is not None and train_dataloaders is not None:
+            raise ConfigError("lr_find: pass train_dataloaders or dataloaders (its alias), not both.")
+        trainer = self._trainer
+        if trainer.fast_dev_run:
+            rank_zero_warn("lr_find is skipped under fast_dev_run.")
+            return None
+        name = _lr_attribute(model, attr_name) if update_attr else ""
+        result = LRFinderResult(mode, min_lr, max_lr, num_training)
+        self._run_trial(model, result, early_stop_threshold, train_dataloaders or dataloaders, val_dataloaders,
+                        datamodule)
+        if len(result.results["lr"]) < num_training:
+            rank_zero_info(f"lr_find stopped after {len(result.results['lr'])} of {num_training} steps (the loss "
+                           "diverged, or the data ran out).")
+        result.plot_path = self._save_plot(result)
+        if update_attr:
+            lr = result.suggestion()
+            if lr is not None:
+                _set_lr(model, name, lr)
+                rank_zero_info(f"lr_find: learning rate set to {lr}")
+        return result
+
+    def _run_trial(self, model: Any, result: LRFinderResult, early_stop_threshold: float | None,
+                   train_dataloaders: Any, val_dataloaders: Any, datamodule: Any) -> None:
+        from trainer.trainer import Trainer
+
+        trainer = self._trainer
+        weights = copy.deepcopy(model.state_dict())
+        flags = {**trainer.init_flags, "max_steps": result.num_training, "limit_val_batches": 0,
+                 "num_sanity_val_steps": 0, "enable_checkpointing": False, "enable_progress_bar": False,
+                 "enable_model_summary": False}
+        with tempfile.TemporaryDirectory(prefix="lr_find-") as scratch:
+            flags["default_root_dir"] = scratch  # nothing of the trial lands in the user's folders
+            trial = Trainer(**flags, logger=False, callbacks=[LRSweep(result, early_stop_threshold)])
+            try:
+                trial.fit(model, train_dataloaders, val_dataloaders, datamodule=datamodule)
+            finally:
+                model.load_state_dict(weights)
+
+    def _save_plot(self, result: LRFinderResult) -> Path | None:
+        trainer = self._trainer
+        root = str(trainer.default_root_dir)
+        if not trainer.is_global_zero or not result.results["lr"] or "://" in root:
+            return None  # a remote root_dir: call result.plot() and save the figure where you want it
+        from matplotlib.figure import Figure  # no pyplot: the user's backend and open figures stay as they are
+
+        figure = Figure()
+        result.plot(suggest=True, ax=figure.subplots())
+        path = Path(root) / "lr_find.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(path)
+        return path
