@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from callbacks import Callback, ProgressBar
+from callbacks import Callback, EMAWeightAveraging, ProgressBar
 from trainer import Trainer, TrainModule
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "overhead.json"
@@ -58,9 +58,11 @@ LABELS: dict[str, str] = {
     "ours": "ours (Trainer)",
     "ours_log": "ours + self.log every step",
     "ours_log_bar": "ours + self.log + progress bar",
+    "ours_ema": "ours + EMAWeightAveraging every step",
     "lightning": "Lightning",
     "lightning_log": "Lightning + self.log every step",
     "lightning_log_bar": "Lightning + self.log + progress bar",
+    "lightning_ema": "Lightning + EMAWeightAveraging every step",
 }
 
 
@@ -188,10 +190,13 @@ TRAINER_FLAGS: dict[str, Any] = dict(
 )
 
 
-def run_ours(dataset: TensorDataset, cfg: Config, log_every_step: bool, bar: bool = False) -> Run:
-    """Our Trainer with the timing callback (and, with `bar`, a real tqdm progress bar showing the loss)."""
+def run_ours(dataset: TensorDataset, cfg: Config, log_every_step: bool, bar: bool = False, ema: bool = False) -> Run:
+    """Our Trainer with the timing callback (and, with `bar`, a real tqdm progress bar showing the loss; with `ema`,
+    an exponential moving average of the weights updated after every step)."""
     module, loader, timer = OursModule(cfg.seed, cfg.lr, log_every_step), make_loader(dataset, cfg), OursStepTimer()
     callbacks: list[Any] = [timer, ProgressBar(plain=False)] if bar else [timer]
+    if ema:
+        callbacks.insert(0, EMAWeightAveraging(decay=0.999))
     start = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()) if bar else contextlib.nullcontext():  # the bar's output
         trainer = Trainer(max_epochs=cfg.epochs, callbacks=callbacks, **{**TRAINER_FLAGS, "enable_progress_bar": bar})
@@ -199,7 +204,15 @@ def run_ours(dataset: TensorDataset, cfg: Config, log_every_step: bool, bar: boo
     return Run(timer.clock, time.perf_counter() - start)
 
 
-def lightning_runner() -> Callable[[TensorDataset, Config, bool], Run] | None:
+def _lightning_callbacks(timer: Any, ema: bool) -> list[Any]:
+    if not ema:
+        return [timer]
+    from lightning.pytorch.callbacks import EMAWeightAveraging as LitEMA
+
+    return [LitEMA(decay=0.999), timer]
+
+
+def lightning_runner() -> Callable[..., Run] | None:
     """A runner for Lightning, or None when `lightning` is not installed (it is the optional `.[bench]` extra)."""
     try:
         import lightning.pytorch as pl
@@ -232,11 +245,12 @@ def lightning_runner() -> Callable[[TensorDataset, Config, bool], Run] | None:
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
             self.clock.tick()
 
-    def run(dataset: TensorDataset, cfg: Config, log_every_step: bool, bar: bool = False) -> Run:
+    def run(dataset: TensorDataset, cfg: Config, log_every_step: bool, bar: bool = False, ema: bool = False) -> Run:
         module, loader, timer = LitModule(cfg.seed, cfg.lr, log_every_step), make_loader(dataset, cfg), LitStepTimer()
+        callbacks = _lightning_callbacks(timer, ema)
         start = time.perf_counter()
         with contextlib.redirect_stdout(io.StringIO()) if bar else contextlib.nullcontext():
-            trainer = pl.Trainer(max_epochs=cfg.epochs, callbacks=[timer],
+            trainer = pl.Trainer(max_epochs=cfg.epochs, callbacks=callbacks,
                                  **{**TRAINER_FLAGS, "enable_progress_bar": bar})
             trainer.fit(module, train_dataloaders=loader)
         return Run(timer.clock, time.perf_counter() - start)
@@ -251,12 +265,14 @@ def build_variants(with_lightning: bool) -> dict[str, Callable[[TensorDataset, C
         "ours": lambda d, c: run_ours(d, c, False),
         "ours_log": lambda d, c: run_ours(d, c, True),
         "ours_log_bar": lambda d, c: run_ours(d, c, True, bar=True),
+        "ours_ema": lambda d, c: run_ours(d, c, False, ema=True),
     }
     lit = lightning_runner() if with_lightning else None
     if lit is not None:
         variants["lightning"] = lambda d, c: lit(d, c, False)
         variants["lightning_log"] = lambda d, c: lit(d, c, True)
         variants["lightning_log_bar"] = lambda d, c: lit(d, c, True, True)
+        variants["lightning_ema"] = lambda d, c: lit(d, c, False, ema=True)
     return variants
 
 
