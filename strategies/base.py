@@ -156,6 +156,11 @@ class Strategy(ABC):
         """Wrap the router (DDP, DP, FSDP2). Identity by default."""
         return router
 
+    def evaluation_context(self, inference_mode: bool) -> AbstractContextManager:
+        """The grad mode validation, test and predict run in: `torch.inference_mode()` when the Trainer's
+        `inference_mode` flag asks for it, else `torch.no_grad()`."""
+        return torch.inference_mode() if inference_mode else torch.no_grad()
+
     def sync_trainable_parameters(self) -> None:  # noqa: B027 (optional)
         """Called on every rank at each training epoch start, after its hooks (where fine-tuning unfreezes layers):
         adapt whatever the wrap built from the parameters that require grad. Nothing to do by default."""

@@ -121,6 +121,11 @@ class FSDPStrategy(ParallelStrategy):
         return None  # FSDP2 keeps an unsynced window's gradients in its own unsharded buffers
 
     # --- checkpoints --------------------------------------------------------------------------
+    def evaluation_context(self, inference_mode: bool) -> AbstractContextManager:
+        # FSDP2 gathers and frees parameters in hooks around forward; Lightning evaluates sharded models in
+        # no_grad too
+        return torch.no_grad()
+
     def module_state_dict(self) -> dict[str, Any]:
         # full: collective, and with cpu_offload only rank 0 gets the tensors; sharded: each rank's own DTensors
         return dtensor.model_state(self.model, full=not self.sharded_checkpoint)

@@ -8,6 +8,7 @@ gradient-sync switch and state-dict layout; a further mechanism (tensor parallel
 from __future__ import annotations
 
 import os
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
 
@@ -199,6 +200,10 @@ class ParallelStrategy(Strategy):
 
     def describe_timeout(self) -> str:
         return self.collective_timeout.describe()
+
+    def evaluation_context(self, inference_mode: bool) -> AbstractContextManager:
+        # Lightning's rule: gloo collectives on inference tensors fail, so under gloo evaluation runs in no_grad
+        return super().evaluation_context(inference_mode and self.process_group_backend != "gloo")
 
     # --- data ---------------------------------------------------------------------------------
     @property

@@ -313,3 +313,25 @@ callbacks:
     assert [r["world_size"] for r in ranks] == [2, 2] and ranks[0]["global_step"] == 8  # 32 / (2 ranks * 4) * 2
     _assert_same(ranks[0]["state_dict"], ranks[1]["state_dict"])
     assert list(Path(".").rglob("config.yaml")) == [Path("root/config.yaml")]  # written once, by rank 0
+
+
+def test_a_lightning_style_config_with_nulls_runs():
+    """The `trainer:` keys a Lightning 2.x config holds (what its --print_config writes), with nulls for defaults."""
+    lightning_keys = """\
+      min_steps: null
+      max_steps: 6
+      limit_train_batches: null
+      limit_val_batches: null
+      val_check_interval: null
+      num_sanity_val_steps: null
+      log_every_n_steps: null
+      precision: null
+      deterministic: null
+      benchmark: null
+      inference_mode: true
+      sync_batchnorm: false
+      gradient_clip_algorithm: null
+    """
+    config = _write("run.yaml", BORING + QUIET_YAML + textwrap.indent(textwrap.dedent(lightning_keys), "  "))
+    out = run(["fit", "--config", config])
+    assert out.trainer.global_step == 6 and out.trainer.fit_state.spec.limit_train_batches == 1.0

@@ -30,6 +30,11 @@ def boolean(name: str, value: Any) -> bool:
     return value
 
 
+def optional_boolean(name: str, value: Any) -> bool | None:
+    """True, False, or None (leave the setting as it is)."""
+    return None if value is None else boolean(name, value)
+
+
 def optional_path(name: str, value: Any) -> Any:
     if value is not None and not isinstance(value, (str, os.PathLike)):
         raise ConfigError(

@@ -39,6 +39,7 @@ class RunSpec:
     precision: str
     max_epochs: int  # -1: no epoch limit
     min_epochs: int
+    min_steps: int  # 0: no minimum
     max_steps: int  # -1: no step limit
     max_time: timedelta | None
     limit_train_batches: int | float
@@ -63,6 +64,9 @@ class RunSpec:
     terminate_on_nan: bool
     agree_every_n_steps: int
     checkpoint_on_interrupt: bool
+    inference_mode: bool
+    benchmark: bool | None  # None: torch.backends.cudnn.benchmark as it is (False under deterministic=True)
+    sync_batchnorm: bool
 
 
 def _resolve_strategy(strategy: Any, devices: list[torch.device], num_nodes: int, precision: str) -> Strategy:
@@ -113,6 +117,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("max_epochs", None, check.int_at_least(-1, _EPOCHS, allow_none=True)),
     Flag("min_epochs", None, check.int_at_least(0, allow_none=True)),
     Flag("max_steps", -1, check.int_at_least(-1, _EPOCHS)),
+    Flag("min_steps", None, check.int_at_least(0, allow_none=True)),
     Flag("max_time", None, check.max_time),
     Flag("limit_train_batches", 1.0, check.batch_limit),
     Flag("limit_val_batches", 1.0, check.batch_limit),
@@ -136,7 +141,16 @@ FLAGS: tuple[Flag, ...] = (
     Flag("terminate_on_nan", False, check.boolean),
     Flag("agree_every_n_steps", 1, check.int_at_least(1)),
     Flag("checkpoint_on_interrupt", False, check.boolean),
+    Flag("inference_mode", True, check.boolean),
+    Flag("benchmark", None, check.optional_boolean),
+    Flag("sync_batchnorm", False, check.boolean),
 )
+# Lightning's signature takes None for these and means the default by it (a YAML `null` included)
+NONE_MEANS_DEFAULT = frozenset({
+    "precision", "limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches",
+    "val_check_interval", "num_sanity_val_steps", "log_every_n_steps", "enable_checkpointing", "enable_progress_bar",
+    "enable_model_summary", "gradient_clip_algorithm", "deterministic",
+})
 FLAG_NAMES: tuple[str, ...] = tuple(flag.name for flag in FLAGS)
 
 
@@ -149,15 +163,20 @@ def parse_flags(hardware: Hardware | None = None, **given: Any) -> RunSpec:
     unknown = sorted(set(given) - set(FLAG_NAMES))
     if unknown:
         raise ConfigError(f"unknown Trainer flag(s): {', '.join(unknown)}; the flags are listed in docs/index.md.")
-    values = {flag.name: flag.check(flag.name, given.get(flag.name, flag.default)) for flag in FLAGS}
+    values = {flag.name: flag.check(flag.name, _given(given, flag)) for flag in FLAGS}
     device_type, devices = _resolve_hardware(values.pop("accelerator"), values.pop("devices"), values.pop("gpus"),
                                              hardware or Hardware.detect())
     values["precision"] = canonical_precision(values["precision"])
     if values["max_epochs"] is None:
         no_other_limit = values["max_steps"] == -1 and values["max_time"] is None
         values["max_epochs"] = DEFAULT_MAX_EPOCHS if no_other_limit else -1
-    if values["min_epochs"] is None:
-        values["min_epochs"] = 0
+    if values["min_epochs"] is None:  # Lightning's rule: a min_steps alone also waits for the first epoch's end
+        values["min_epochs"] = 0 if values["min_steps"] is None else 1
+    if values["min_steps"] is None:
+        values["min_steps"] = 0
+    if values["sync_batchnorm"] and device_type != "cuda" and len(devices) * values["num_nodes"] > 1:
+        raise ConfigError("sync_batchnorm=True needs CUDA devices: torch's SyncBatchNorm runs on GPUs only (DDP "
+                          "refuses it on CPU). Remove the flag, or train on GPUs.")
     root = values["default_root_dir"]
     values["default_root_dir"] = Path.cwd() if root is None else to_path(root)
     if dev_run := values["fast_dev_run"]:
@@ -167,6 +186,11 @@ def parse_flags(hardware: Hardware | None = None, **given: Any) -> RunSpec:
     values["strategy"] = _resolve_strategy(values["strategy"], devices, values["num_nodes"], values["precision"])
     _check_strategy_precision(values["strategy"], values["precision"])
     return RunSpec(device_type=device_type, devices=tuple(devices), **values)
+
+
+def _given(given: dict[str, Any], flag: Flag) -> Any:
+    value = given.get(flag.name, flag.default)
+    return flag.default if value is None and flag.name in NONE_MEANS_DEFAULT else value
 
 
 def _resolve_hardware(accelerator: Any, devices: Any, gpus: Any, hardware: Hardware) -> tuple[str, list[torch.device]]:

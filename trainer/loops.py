@@ -9,7 +9,6 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import Tensor
 
 from strategies.distributed import rank_zero_info
@@ -208,7 +207,7 @@ def run_evaluation(loop: FitState, stage: RunningStage) -> list[dict[str, float]
         call_hook(loop, f"on_{prefix}_start")
         call_hook(loop, f"on_{prefix}_epoch_start")
         many = len(loaders) > 1
-        with torch.no_grad():
+        with loop.strategy.evaluation_context(_inference_mode(loop)):
             for dl_idx, (loader, limit) in enumerate(zip(loaders, limits, strict=True)):
                 results.key_suffix = f"/dataloader_idx_{dl_idx}" if many else ""
                 _evaluate_loader(loop, results, loader, limit, prefix, (dl_idx,) if many else ())
@@ -294,7 +293,7 @@ def run_predict(loop: FitState, return_predictions: bool = True) -> list[Any] | 
     all_predictions: list[list[Any]] = []
     call_hook(loop, "on_predict_start")
     call_hook(loop, "on_predict_epoch_start")
-    with torch.no_grad():
+    with loop.strategy.evaluation_context(_inference_mode(loop)):
         for dl_idx, (loader, limit) in enumerate(zip(loaders, limits, strict=True)):
             predictions: list[Any] = []
             extra = (dl_idx,) if many else ()
@@ -312,3 +311,9 @@ def run_predict(loop: FitState, return_predictions: bool = True) -> list[Any] | 
     if not return_predictions:
         return None
     return all_predictions if many else (all_predictions[0] if all_predictions else [])
+
+
+def _inference_mode(loop: FitState) -> bool:
+    """Lightning's rule: validate/test/predict follow the `inference_mode` flag; validation inside fit runs in
+    no_grad (tensors made under inference_mode cannot be used by the training that follows)."""
+    return loop.spec.inference_mode and loop.trainer.state.fn != TrainerFn.FITTING

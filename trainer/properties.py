@@ -6,10 +6,12 @@ attributes (`fit_state`, `strategy`, `state`, `callbacks`, `loggers`): what call
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from strategies.exceptions import MisconfigurationError
 from trainer.state import RunningStage
 
 if TYPE_CHECKING:
@@ -176,6 +178,26 @@ class TrainerProperties:
     def num_training_batches(self) -> int | float:
         """Training batches per epoch after `limit_train_batches` (`inf` for a loader without length)."""
         return self.fit_state.schedule.num_training_batches
+
+    @property
+    def estimated_stepping_batches(self) -> int | float:
+        """Optimizer steps the fit will take (Lightning's estimate): `max_steps` when it binds, else the training
+        batches per epoch (per rank, after `limit_train_batches`) over `accumulate_grad_batches`, rounded up, times
+        `max_epochs`; `inf` with no limit. Known once fit() has the training data: read it in
+        `configure_optimizers` (e.g. for OneCycleLR's `total_steps`) or later."""
+        spec = self.fit_state.spec
+        if spec.max_epochs == -1:
+            return math.inf if spec.max_steps == -1 else spec.max_steps
+        loaders = self.fit_state.loaders
+        if loaders.train is None:
+            raise MisconfigurationError(
+                "estimated_stepping_batches needs the training data, which fit() resolves before "
+                "configure_optimizers(): read it there or in a later hook, not before fit()."
+            )
+        if loaders.num_train == math.inf:
+            return spec.max_steps if spec.max_steps != -1 else math.inf
+        steps = math.ceil(loaders.num_train / spec.accumulate_grad_batches) * max(spec.max_epochs, 1)
+        return min(steps, spec.max_steps) if spec.max_steps != -1 else steps
 
     @property
     def num_val_batches(self) -> list[int | float]:

@@ -24,12 +24,13 @@ if TYPE_CHECKING:
 
 
 def build_loggers(logger: Any, spec: RunSpec) -> list[Any]:
-    """logger=True → TensorBoardLogger in default_root_dir/runs/version_N; False/None → none; or given."""
+    """logger=True (or None, as in Lightning) → TensorBoardLogger in default_root_dir/runs/version_N; False → none;
+    or the Logger(s) given."""
     from trainer.loggers.base import Logger
 
-    if spec.fast_dev_run or logger is False or logger is None:
+    if spec.fast_dev_run or logger is False:
         return []
-    if logger is True:
+    if logger is True or logger is None:
         from trainer.loggers.tensorboard import TensorBoardLogger
 
         return [TensorBoardLogger(save_dir=spec.default_root_dir, name="runs")]
@@ -132,6 +133,28 @@ def _require(loaders: list[Any], fn: str, hook: str) -> None:
         raise MisconfigurationError(
             f"{fn}() found no data: pass dataloaders=, a datamodule with {hook}(), or define {hook}() on the module."
         )
+
+
+def default_ckpt_path(trainer: Trainer, fn: TrainerFn, ckpt_path: str | Path | None,
+                      model_given: bool) -> str | Path | None:
+    """Lightning's rule: validate/test/predict called without a model (the one the Trainer last ran) and without a
+    `ckpt_path` evaluate the best checkpoint of that fit, with a warning, rather than whatever weights training
+    ended on. Errors when there is none, naming both ways out."""
+    if ckpt_path is not None or model_given or fn == TrainerFn.FITTING:
+        return ckpt_path
+    callback = trainer.checkpoint_callback
+    if callback is None or not callback.best_model_path:
+        raise MisconfigurationError(
+            f"{fn.value}() without a model evaluates the best checkpoint of the previous fit (as in Lightning), but "
+            "no ModelCheckpoint saved one. Pass the model to use its current weights "
+            f"(trainer.{fn.value}(model)), or ckpt_path=... ."
+        )
+    rank_zero_warn(
+        f"{fn.value}() was called without a model: it loads the best checkpoint of the previous fit, "
+        f"{callback.best_model_path}. Pass ckpt_path='best', 'last' or a path to choose (and silence this), or the "
+        "model to use its current weights."
+    )
+    return "best"
 
 
 def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | Path | None) -> AnyPath | None:

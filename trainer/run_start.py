@@ -84,6 +84,15 @@ def configure_model(module: Any) -> None:
 _EVAL_HOOKS = {TrainerFn.VALIDATING: "validation", TrainerFn.TESTING: "test", TrainerFn.PREDICTING: "predict"}
 
 
+def sync_batchnorm(trainer: Trainer, module: Any) -> None:
+    """`Trainer(sync_batchnorm=True)` with several processes: BatchNorm layers become SyncBatchNorm before the
+    strategy wraps the module, so their statistics cover the global batch (flags.py refuses it off CUDA)."""
+    if trainer.fit_state.spec.sync_batchnorm and trainer.world_size > 1:
+        import torch
+
+        torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
+
+
 def read_signatures(loop: FitState, module: Any, fn: TrainerFn) -> None:
     """Once per run, after the loaders are known: which steps take `batch_idx`, whether the evaluation steps and
     batch hooks take `dataloader_idx` when there are several loaders, and the batch-transfer hooks."""

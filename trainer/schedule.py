@@ -79,11 +79,13 @@ class FitSchedule:
         return self.time_up_agreed if self.clock_agreed else self.time_up_here()
 
     def _can_stop_early(self) -> bool:
-        if self.progress.current_epoch >= self.spec.min_epochs:
+        """Lightning's rule: a requested stop waits for min_epochs and min_steps (max_epochs/max_steps do not)."""
+        if self.progress.current_epoch >= self.spec.min_epochs and self.progress.global_step >= self.spec.min_steps:
             return True
         if not self._min_epochs_notice:
             rank_zero_info(
-                f"should_stop was set, but min_epochs={self.spec.min_epochs} is not reached; training continues."
+                f"should_stop was set, but min_epochs={self.spec.min_epochs} / min_steps={self.spec.min_steps} is "
+                "not reached; training continues."
             )
             self._min_epochs_notice = True
         return False

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from strategies.distributed import rank_zero_info
+from strategies.distributed import rank_zero_info, rank_zero_warn
 
 SEED_ENV = "TRAINER_GLOBAL_SEED"
 SEED_WORKERS_ENV = "TRAINER_SEED_WORKERS"  # "1" after seed_everything(workers=True); launched ranks inherit it
@@ -100,6 +100,16 @@ def enable_determinism(enabled: bool | str) -> None:
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     rank_zero_info("Deterministic algorithms enabled (torch.use_deterministic_algorithms).")
+
+
+def apply_cudnn_benchmark(benchmark: bool | None, deterministic: bool | str | None) -> None:
+    """Apply `Trainer(benchmark=...)` after `deterministic`, as Lightning does: True or False set
+    `torch.backends.cudnn.benchmark`; None leaves it as the session has it (deterministic runs turn it off)."""
+    if benchmark and deterministic:
+        rank_zero_warn("benchmark=True with deterministic=True: cuDNN then chooses its algorithms by timing them, and "
+                       "torch does not keep cudnn.deterministic in that mode. Drop one of the two.")
+    if benchmark is not None:
+        torch.backends.cudnn.benchmark = benchmark
 
 
 def capture_rng_state() -> dict[str, Any]:

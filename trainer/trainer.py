@@ -25,9 +25,10 @@ from trainer.preemption import StopSignals
 from trainer.properties import TrainerProperties
 from trainer.rank_result import pack_if_child
 from trainer.results import ResultCollection
-from trainer.run_setup import build_callbacks, build_loggers, resolve_ckpt_path
+from trainer.results_table import print_results
+from trainer.run_setup import build_callbacks, build_loggers, default_ckpt_path, resolve_ckpt_path
 from trainer.schedule import FitSchedule
-from trainer.seed import enable_determinism
+from trainer.seed import apply_cudnn_benchmark, enable_determinism
 from trainer.state import Progress, RunningStage, TrainerFn, TrainerState, TrainerStatus
 
 
@@ -57,6 +58,7 @@ class Trainer(TrainerProperties):
 
     def __init__(
         self,
+        *,
         accelerator: str = "auto",
         devices: Any = "auto",
         gpus: Any = None,
@@ -66,25 +68,26 @@ class Trainer(TrainerProperties):
         max_epochs: int | None = None,
         min_epochs: int | None = None,
         max_steps: int = -1,
+        min_steps: int | None = None,
         max_time: Any = None,
-        limit_train_batches: int | float = 1.0,
-        limit_val_batches: int | float = 1.0,
-        limit_test_batches: int | float = 1.0,
-        limit_predict_batches: int | float = 1.0,
-        val_check_interval: int | float = 1.0,
+        limit_train_batches: int | float | None = 1.0,
+        limit_val_batches: int | float | None = 1.0,
+        limit_test_batches: int | float | None = 1.0,
+        limit_predict_batches: int | float | None = 1.0,
+        val_check_interval: int | float | None = 1.0,
         check_val_every_n_epoch: int | None = 1,
-        num_sanity_val_steps: int = 2,
+        num_sanity_val_steps: int | None = 2,
         accumulate_grad_batches: int = 1,
         gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str = "norm",
+        gradient_clip_algorithm: str | None = "norm",
         callbacks: Any = None,
         logger: Any = True,
-        log_every_n_steps: int = 50,
-        enable_checkpointing: bool = True,
-        enable_progress_bar: bool = True,
-        enable_model_summary: bool = True,
+        log_every_n_steps: int | None = 50,
+        enable_checkpointing: bool | None = True,
+        enable_progress_bar: bool | None = True,
+        enable_model_summary: bool | None = True,
         default_root_dir: str | Path | None = None,
-        deterministic: bool | str = False,
+        deterministic: bool | str | None = False,
         fast_dev_run: bool | int = False,
         use_distributed_sampler: bool = True,
         detect_anomaly: bool = False,
@@ -92,6 +95,9 @@ class Trainer(TrainerProperties):
         terminate_on_nan: bool = False,
         agree_every_n_steps: int = 1,
         checkpoint_on_interrupt: bool = False,
+        inference_mode: bool = True,
+        benchmark: bool | None = None,
+        sync_batchnorm: bool = False,
     ) -> None:
         given = locals()
         flags = {name: given[name] for name in FLAG_NAMES}
@@ -143,16 +149,26 @@ class Trainer(TrainerProperties):
                              {"train": train_dataloaders, "val": val_dataloaders}, ckpt_path)
 
     def validate(self, model: Any = None, dataloaders: Any = None, ckpt_path: str | Path | None = None,
-                 datamodule: Any = None) -> list[dict[str, float]]:
-        """Run one validation epoch; returns one metrics dict per dataloader."""
-        return self._launch(TrainerFn.VALIDATING, model, datamodule, {"val": dataloaders},
-                                    ckpt_path) or []
+                 verbose: bool = True, datamodule: Any = None) -> list[dict[str, float]]:
+        """Run one validation epoch; returns one metrics dict per dataloader, and with `verbose` rank 0 prints
+        them as a table. Without a model (the one of the previous fit) and without `ckpt_path`, the best
+        checkpoint of that fit is loaded first, as in Lightning."""
+        return self._evaluate(TrainerFn.VALIDATING, model, dataloaders, ckpt_path, verbose, datamodule)
 
     def test(self, model: Any = None, dataloaders: Any = None, ckpt_path: str | Path | None = None,
-             datamodule: Any = None) -> list[dict[str, float]]:
-        """Run one test epoch; returns one metrics dict per dataloader."""
-        return self._launch(TrainerFn.TESTING, model, datamodule, {"test": dataloaders},
-                                    ckpt_path) or []
+             verbose: bool = True, datamodule: Any = None) -> list[dict[str, float]]:
+        """Run one test epoch; returns one metrics dict per dataloader (see `validate`)."""
+        return self._evaluate(TrainerFn.TESTING, model, dataloaders, ckpt_path, verbose, datamodule)
+
+    def _evaluate(self, fn: TrainerFn, model: Any, dataloaders: Any, ckpt_path: str | Path | None, verbose: bool,
+                  datamodule: Any) -> list[dict[str, float]]:
+        if datamodule is None and _looks_like_datamodule(dataloaders):
+            datamodule, dataloaders = dataloaders, None
+        stage = "val" if fn == TrainerFn.VALIDATING else "test"
+        results = self._launch(fn, model, datamodule, {stage: dataloaders}, ckpt_path) or []
+        if verbose and self.is_global_zero:
+            print_results(results, fn.value)
+        return results
 
     def predict(self, model: Any = None, dataloaders: Any = None, datamodule: Any = None,
                 return_predictions: bool = True, ckpt_path: str | Path | None = None) -> list[Any] | None:
@@ -180,7 +196,7 @@ class Trainer(TrainerProperties):
 
     def _run(self, fn: TrainerFn, model: Any, datamodule: Any, loaders: dict[str, Any],
              ckpt_path: str | Path | None) -> Any:
-        model = self._attach(fn, model, datamodule)
+        model_given, model = model is not None, self._attach(fn, model, datamodule)
         run_start.before_environment(self, model)  # configure_callbacks, then the uncalled-hook check
         self.state.fn, self.state.status = fn, TrainerStatus.RUNNING
         stage, loop = fn.value, self.fit_state
@@ -190,6 +206,7 @@ class Trainer(TrainerProperties):
             loop.train_results.defer_sync = self.world_size > 1
             self._agree_logger_versions()
             enable_determinism(loop.spec.deterministic)
+            apply_cudnn_benchmark(loop.spec.benchmark, loop.spec.deterministic)
             run_start.prepare_data(self, model)
             if self.datamodule is not None:
                 self.datamodule.setup(stage)
@@ -197,8 +214,9 @@ class Trainer(TrainerProperties):
             run_start.configure_model(model)
             loop.loaders.resolve(loop.spec, self.strategy, model, self.datamodule, fn, loaders)
             run_start.read_signatures(loop, model, fn)
+            run_start.sync_batchnorm(self, model)
             self.strategy.setup_module(model)
-            path = resolve_ckpt_path(self, ckpt_path)
+            path = resolve_ckpt_path(self, default_ckpt_path(self, fn, ckpt_path, model_given))
             checkpoint = None
             if path:
                 checkpoint = ckpt.load_checkpoint_file(self.strategy, path)

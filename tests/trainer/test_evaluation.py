@@ -107,5 +107,6 @@ def test_test_needs_test_step_and_data():
 
 def test_validate_reuses_the_fitted_model():
     trainer = Trainer(max_epochs=1, **QUIET)
-    trainer.fit(BoringModel())
-    assert set(trainer.validate()[0]) == {"val_loss"}
+    model = BoringModel()
+    trainer.fit(model)
+    assert set(trainer.validate(model)[0]) == {"val_loss"}
