@@ -65,10 +65,12 @@ def run_train_epoch(loop: FitState) -> None:
     iterator, start = _start_epoch(loop, loader)
     runs_out, sampler, stopped = data.runs_out(loader, num_batches), resumable_sampler(loader), False
     position.before_fetch(sampler)
-    last_seen = False
+    last_seen, action = False, loop.trainer.profiler.action  # a shared no-op context when not profiling
     for batch_idx, batch, is_last in data.iterate(iterator, num_batches, start):
         last_seen = is_last
-        if not _train_batch(loop, batch, batch_idx, is_last):
+        with action("run_training_batch"):
+            trained = _train_batch(loop, batch, batch_idx, is_last)
+        if not trained:
             break
         if is_last and runs_out:
             data.run_out(iterator)  # as a plain `for` loop over the loader does
@@ -183,7 +185,8 @@ def run_fit(loop: FitState) -> None:
         loop.position.validation_finished()
     call_hook(loop, "on_train_start")
     while not loop.schedule.fit_done():
-        run_train_epoch(loop)
+        with loop.trainer.profiler.action("run_training_epoch"):
+            run_train_epoch(loop)
     late_signal = loop.control.stop_signal_after_fit()  # e.g. Ctrl-C during the final validation
     if late_signal:
         preemption.stop_and_exit(loop.trainer, late_signal)
@@ -192,6 +195,8 @@ def run_fit(loop: FitState) -> None:
 
 _PREFIX = {RunningStage.VALIDATING: "validation", RunningStage.SANITY_CHECKING: "validation",
            RunningStage.TESTING: "test"}
+_EVAL_ACTION = {RunningStage.VALIDATING: "run_validation", RunningStage.SANITY_CHECKING: "run_sanity_check",
+                RunningStage.TESTING: "run_test"}  # profiler action names
 
 
 def run_evaluation(loop: FitState, stage: RunningStage) -> list[dict[str, float]]:
@@ -207,7 +212,8 @@ def run_evaluation(loop: FitState, stage: RunningStage) -> list[dict[str, float]
         call_hook(loop, f"on_{prefix}_start")
         call_hook(loop, f"on_{prefix}_epoch_start")
         many = len(loaders) > 1
-        with loop.strategy.evaluation_context(_inference_mode(loop)):
+        with loop.strategy.evaluation_context(_inference_mode(loop)), \
+                loop.trainer.profiler.action(_EVAL_ACTION[stage]):
             for dl_idx, (loader, limit) in enumerate(zip(loaders, limits, strict=True)):
                 results.key_suffix = f"/dataloader_idx_{dl_idx}" if many else ""
                 _evaluate_loader(loop, results, loader, limit, prefix, (dl_idx,) if many else ())
@@ -293,7 +299,7 @@ def run_predict(loop: FitState, return_predictions: bool = True) -> list[Any] | 
     all_predictions: list[list[Any]] = []
     call_hook(loop, "on_predict_start")
     call_hook(loop, "on_predict_epoch_start")
-    with loop.strategy.evaluation_context(_inference_mode(loop)):
+    with loop.strategy.evaluation_context(_inference_mode(loop)), loop.trainer.profiler.action("run_predict"):
         for dl_idx, (loader, limit) in enumerate(zip(loaders, limits, strict=True)):
             predictions: list[Any] = []
             extra = (dl_idx,) if many else ()

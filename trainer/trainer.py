@@ -22,6 +22,7 @@ from trainer.metrics import MetricsRouter
 from trainer.optim import SchedulerStepper, normalize_optimizers
 from trainer.position import LoopPosition, Phase
 from trainer.preemption import StopSignals
+from trainer.profilers import build_profiler
 from trainer.properties import TrainerProperties
 from trainer.rank_result import pack_if_child
 from trainer.results import ResultCollection
@@ -103,8 +104,7 @@ class Trainer(TrainerProperties):
         flags = {name: given[name] for name in FLAG_NAMES}
         spec = parse_flags(**flags)
         self.init_flags = flags  # as given: the tuner builds its trial Trainer from them (trainer/tuner.py)
-        if profiler is not None:
-            raise ConfigError("profiler is not supported yet; pass profiler=None (use torch.profiler directly).")
+        self.profiler = build_profiler(profiler)  # trainer/profilers: a pass-through one when None
         self.strategy = spec.strategy
         self.state = TrainerState()
         self.loggers = build_loggers(logger, spec)
@@ -205,6 +205,8 @@ class Trainer(TrainerProperties):
             loop.control.start(self.strategy)
             loop.train_results.defer_sync = self.world_size > 1
             self._agree_logger_versions()
+            if self.profiler.enabled:
+                self.profiler.setup(stage, self.local_rank if self.world_size > 1 else None, self._profile_dir())
             enable_determinism(loop.spec.deterministic)
             apply_cudnn_benchmark(loop.spec.benchmark, loop.spec.deterministic)
             run_start.prepare_data(self, model)
@@ -347,8 +349,13 @@ class Trainer(TrainerProperties):
         self.state.status = TrainerStatus.FINISHED
         return out
 
+    def _profile_dir(self) -> str | None:
+        folder = self.log_dir
+        return None if "://" in folder else folder  # reports are local files; name a dirpath for a remote run
+
     def _teardown(self, stage: str) -> None:
         try:
+            self.profiler.describe()
             call_hook(self.fit_state, "teardown", stage)
             if self.datamodule is not None:
                 self.datamodule.teardown(stage)

@@ -1,0 +1,91 @@
+"""Trainer(profiler=...): Lightning's simple, advanced and pytorch profilers write their reports (per stage, per
+rank) with Lightning's action names; the pytorch trace is a Chrome trace that opens; off, nothing is wrapped."""
+
+from __future__ import annotations
+
+import json
+import pstats
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from callbacks import Callback
+from strategies.exceptions import ConfigError
+from tests.helpers.boring import QUIET, BoringModel
+from tests.helpers.dist import run_distributed
+from trainer import Trainer
+from trainer.profilers import AdvancedProfiler, PassThroughProfiler, PyTorchProfiler, SimpleProfiler
+
+
+class Watch(Callback):
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        pass
+
+
+def _fit(tmp_path: Path, profiler: Any, **flags: Any) -> Trainer:
+    trainer = Trainer(profiler=profiler, callbacks=[Watch()],
+                      **{**QUIET, "max_epochs": 2, "limit_val_batches": 2, "default_root_dir": tmp_path, **flags})
+    trainer.fit(BoringModel())
+    return trainer
+
+
+def test_simple_writes_durations_per_action_into_the_run_folder(tmp_path: Path):
+    _fit(tmp_path, "simple")
+    report = (tmp_path / "fit-profile.txt").read_text()
+    rows = {line.split("|")[1].strip(): line for line in report.splitlines() if line.startswith("|")}
+    assert int(rows["run_training_batch"].split("|")[3]) == 16  # 8 batches x 2 epochs
+    assert int(rows["run_training_epoch"].split("|")[3]) == 2
+    assert "[Callback]Watch.on_train_batch_end" in rows and "run_validation" in rows and "run_sanity_check" in rows
+
+
+def test_each_stage_has_its_report(tmp_path: Path):
+    profiler = SimpleProfiler(filename="perf")
+    trainer = _fit(tmp_path, profiler)
+    trainer.validate(trainer.lightning_module, verbose=False)
+    assert (tmp_path / "fit-perf.txt").is_file() and (tmp_path / "validate-perf.txt").is_file()
+
+
+def test_advanced_reports_cprofile_stats_per_action_and_dumps_them(tmp_path: Path):
+    _fit(tmp_path, AdvancedProfiler(filename="cprofile", line_count_restriction=10, dump_stats=True))
+    report = (tmp_path / "fit-cprofile.txt").read_text()
+    assert "Profile stats for: run_training_batch" in report and "_train_batch" in report
+    stats = pstats.Stats(str(tmp_path / "fit-cprofile-run_training_batch.prof"))
+    assert stats.total_calls > 0
+
+
+def test_pytorch_writes_a_chrome_trace_with_the_actions(tmp_path: Path):
+    profiler = PyTorchProfiler(filename="trace")
+    _fit(tmp_path, profiler, max_epochs=1)
+    assert profiler.trace_path == tmp_path / "fit-trace.pt.trace.json"
+    events = json.loads(profiler.trace_path.read_text())["traceEvents"]
+    names = {event.get("name") for event in events}
+    assert {"run_training_batch", "run_training_epoch", "[Callback]Watch.on_train_batch_end"} <= names
+    assert any(name and name.startswith("aten::") for name in names)  # torch's own operators under them
+    assert "Name" in (tmp_path / "fit-trace.txt").read_text()  # torch's operator table
+
+
+def test_without_a_profiler_no_hook_is_wrapped():
+    trainer = Trainer(max_epochs=1, callbacks=[Watch()], **QUIET)
+    assert isinstance(trainer.profiler, PassThroughProfiler)
+    model = BoringModel()
+    trainer.fit(model)
+    (call,) = trainer.fit_state.hooks.targets("on_train_batch_end")
+    assert call.__qualname__.startswith("_callback_call")  # the plain dispatch, no timing around it
+
+
+def test_an_unknown_profiler_is_refused():
+    with pytest.raises(ConfigError, match="profiler='fast' is not valid"):
+        Trainer(profiler="fast")
+
+
+def _fit_on_a_rank(rank: int, root: str) -> list[str]:
+    _fit(Path(root), "simple", devices=2, strategy="ddp")
+    return sorted(p.name for p in Path(root).glob("fit-profile*.txt"))
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_every_rank_writes_its_own_report(tmp_path: Path):
+    run_distributed(_fit_on_a_rank, str(tmp_path))
+    assert sorted(p.name for p in tmp_path.glob("fit-profile*.txt")) == ["fit-profile-0.txt", "fit-profile-1.txt"]
