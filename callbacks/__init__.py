@@ -4,12 +4,16 @@ from callbacks.base import Callback
 from callbacks.checkpoint import ModelCheckpoint
 from callbacks.early_stopping import EarlyStopping
 from callbacks.finetuning import BackboneFinetuning, BaseFinetuning
+from callbacks.lambda_function import LambdaCallback
 from callbacks.lr_monitor import LearningRateMonitor
 from callbacks.model_summary import ModelSummary
+from callbacks.on_exception_checkpoint import OnExceptionCheckpoint
 from callbacks.progress import ProgressBar
+from callbacks.timer import Timer
 from callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
 __all__ = [
     "BackboneFinetuning", "BaseFinetuning", "Callback", "EMAWeightAveraging", "EarlyStopping", "LearningRateMonitor",
-    "ModelCheckpoint", "ModelSummary", "ProgressBar", "WeightAveraging",
+    "LambdaCallback", "ModelCheckpoint", "ModelSummary", "OnExceptionCheckpoint", "ProgressBar", "Timer",
+    "WeightAveraging",
 ]

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from strategies.durations import parse_duration
 from strategies.exceptions import ConfigError
 
 Check = Callable[[str, Any], Any]
@@ -115,26 +115,9 @@ def fast_dev_run(name: str, value: Any) -> int:
     return int(value) if isinstance(value, bool) else check_int(name, value, 0, " (or a bool)")
 
 
-_TIME_PATTERN = re.compile(r"^(\d+):(\d{1,2}):(\d{1,2}):(\d{1,2})$")
-
-
 def parse_max_time(value: Any) -> timedelta | None:
-    """Accept None, a timedelta, a dict of timedelta kwargs, or "DD:HH:MM:SS"."""
-    if value is None:
-        return None
-    if isinstance(value, timedelta):
-        return value
-    if isinstance(value, dict):
-        try:
-            return timedelta(**value)
-        except TypeError as err:
-            raise ConfigError(f"max_time={value!r} is not valid: {err}") from None
-    if isinstance(value, str) and (m := _TIME_PATTERN.match(value.strip())):
-        days, hours, minutes, seconds = (int(g) for g in m.groups())
-        return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
-    raise ConfigError(
-        f"max_time={value!r} is not valid: use 'DD:HH:MM:SS', a datetime.timedelta, or a dict like {{'hours': 2}}."
-    )
+    """Accept None, a timedelta, a dict of timedelta kwargs, or "DD:HH:MM:SS" (strategies/durations.py)."""
+    return parse_duration(value, "max_time")
 
 
 def max_time(name: str, value: Any) -> timedelta | None:
