@@ -10,10 +10,10 @@ import re
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from callbacks.base import Callback
-from strategies.checkpoint_io import find_checkpoints, remove_checkpoint
+from strategies.checkpoint_io import find_checkpoints, link_checkpoint, remove_checkpoint
 from strategies.checkpoint_names import claim_name, release_claim
 from strategies.distributed import rank_zero_info, rank_zero_warn
 from strategies.exceptions import ConfigError, MisconfigurationError
@@ -40,7 +40,8 @@ class ModelCheckpoint(Callback):
         filename: a template filled with `epoch`, `step` and logged metrics, e.g. `"{epoch}-{val_loss:.3f}"`.
         monitor: a logged metric to rank checkpoints by; None keeps the latest.
         verbose: log every save on rank 0.
-        save_last: also write `last.ckpt` at every save.
+        save_last: also write `last.ckpt` at every save; `"link"`: make `last.ckpt` a link to the checkpoint just
+            saved (an atomic symlink on a local folder; a copy on a remote store, which has no links).
         save_top_k: with `monitor`, how many of the best to keep (-1 all, 0 none).
         mode: `"min"` or `"max"`: which direction of `monitor` is better.
         every_n_epochs: save at the end of every n-th epoch (default 1 unless a step or time cadence is given).
@@ -49,6 +50,10 @@ class ModelCheckpoint(Callback):
         save_on_train_epoch_end: save in `on_train_epoch_end` instead of after validation.
         save_weights_only: write weights only (not resumable).
         auto_insert_metric_name: write `name=value` for each field of `filename`.
+        enable_version_counter: when a file of the name to save exists (another run's, or one this run keeps),
+            save as `name-v1.ckpt`, `-v2`, ... (default, as Lightning); False overwrites it.
+        save_on_exception: save a checkpoint (and `last.ckpt` with `save_last`) when fit ends with an exception;
+            one process only (the other ranks cannot join a save after an exception).
 
     Raises:
         ConfigError: an invalid `mode` or `save_top_k`, more than one cadence, or a `dirpath` URL whose protocol
@@ -65,7 +70,7 @@ class ModelCheckpoint(Callback):
         filename: str | None = None,
         monitor: str | None = None,
         verbose: bool = False,
-        save_last: bool | None = None,
+        save_last: bool | Literal["link"] | None = None,
         save_top_k: int = 1,
         mode: str = "min",
         every_n_epochs: int | None = None,
@@ -74,7 +79,12 @@ class ModelCheckpoint(Callback):
         save_on_train_epoch_end: bool | None = None,
         save_weights_only: bool = False,
         auto_insert_metric_name: bool = True,
+        enable_version_counter: bool = True,
+        save_on_exception: bool = False,
     ) -> None:
+        if save_last not in (None, True, False, "link"):
+            raise ConfigError(f"ModelCheckpoint(save_last={save_last!r}) is not valid: use True, False, None or "
+                              "'link'.")
         if mode not in ("min", "max"):
             raise ConfigError(f"ModelCheckpoint(mode={mode!r}) is not valid: use 'min' or 'max'.")
         if save_top_k < -1:
@@ -100,13 +110,15 @@ class ModelCheckpoint(Callback):
         self.save_on_train_epoch_end = save_on_train_epoch_end
         self.save_weights_only = save_weights_only
         self.auto_insert_metric_name = auto_insert_metric_name
+        self.enable_version_counter = enable_version_counter
+        self.save_on_exception = save_on_exception
+        self._newest_written = ""  # the file the last top-k / latest save wrote: save_last="link" points at it
         self.best_k_models: dict[str, float] = {}
         self.best_model_path = ""
         self.best_model_score: float | None = None
         self.last_model_path = ""
         self._latest_path = ""
         self._last_saved_step = -1
-        self._own_paths: set[str] = set()  # names this run wrote (or resumed from): re-saved in place
 
     @property
     def state_key(self) -> str:
@@ -129,8 +141,6 @@ class ModelCheckpoint(Callback):
         self.best_k_models = dict(state_dict.get("best_k_models", {}))
         self.last_model_path = state_dict.get("last_model_path", "")
         self._latest_path = state_dict.get("latest_path", "")
-        self._own_paths.update(p for p in (self.best_model_path, self.last_model_path, self._latest_path,
-                                           *self.best_k_models) if p)  # the resumed run's names stay its own
 
     # --- where ---------------------------------------------------------------------------------
     def setup(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
@@ -140,6 +150,9 @@ class ModelCheckpoint(Callback):
             base = run_folder(trainer.loggers[0], trainer.default_root_dir) if trainer.loggers else \
                 to_path(trainer.default_root_dir)
             self.dirpath = to_path(trainer.strategy.broadcast(str(join(base, "checkpoints"))))
+        if self.save_on_exception and trainer.world_size > 1:
+            raise ConfigError("ModelCheckpoint(save_on_exception=True) needs a single process: after an exception the "
+                              "other ranks cannot join the save. Use Trainer(checkpoint_on_interrupt=True) instead.")
         # Lightning's warning, for fit only: test/predict after fit would otherwise warn about the run's own files
         if stage == "fit" and trainer.is_global_zero and self.save_top_k != 0 and self._has_files():
             rank_zero_warn(f"Checkpoint directory {self.dirpath} exists and is not empty.")
@@ -203,6 +216,15 @@ class ModelCheckpoint(Callback):
     def _epoch_due(self, trainer: Trainer) -> bool:
         return self.every_n_epochs > 0 and (trainer.current_epoch + 1) % self.every_n_epochs == 0
 
+    def on_exception(self, trainer: Trainer, pl_module: TrainModule, exception: BaseException) -> None:
+        """`save_on_exception`: what was trained up to the failure, under the usual name (and `last.ckpt`)."""
+        if not self.save_on_exception or trainer.sanity_checking or trainer.state.fn is None \
+                or trainer.state.fn.value != "fit" or trainer.global_step == self._last_saved_step:
+            return
+        self._save(trainer)
+        saved = self._newest_written or self.last_model_path
+        rank_zero_info(f"ModelCheckpoint: {type(exception).__name__} raised; saved {saved}")
+
     # --- what ----------------------------------------------------------------------------------
     def _metrics(self, trainer: Trainer) -> dict[str, Any]:
         metrics: dict[str, Any] = {k: float(v) for k, v in trainer.callback_metrics.items()}
@@ -219,19 +241,30 @@ class ModelCheckpoint(Callback):
         else:
             self._save_top_k(trainer, metrics)
         if self.save_last:
-            path = self._claim(trainer, self.format_checkpoint_name(metrics, self.LAST_NAME), self.last_model_path)
-            self.last_model_path = str(path)
-            self._write(trainer, path)
+            self._save_last(trainer, metrics)
         for logger in trainer.loggers:  # e.g. to upload the new files as artifacts (rank 0 only, by the base class)
             logger.after_save_checkpoint(self)
+
+    def _save_last(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        path = self._claim(trainer, self.format_checkpoint_name(metrics, self.LAST_NAME), self.last_model_path)
+        self.last_model_path = str(path)
+        target = self._newest_written
+        if self.save_last == "link" and target and isinstance(path, Path):
+            if trainer.is_global_zero:
+                link_checkpoint(Path(target), path)
+                release_claim(path)
+            trainer.strategy.barrier("ModelCheckpoint last link")
+        else:
+            self._write(trainer, path)
 
     def _save_latest(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         if self.save_top_k == 0:
             return
-        path = self._claim(trainer, self.format_checkpoint_name(metrics), self._latest_path)
+        path = self._claim(trainer, self.format_checkpoint_name(metrics), self._latest_path)  # Lightning's rule
         previous, self._latest_path = self._latest_path, str(path)
         self.best_model_path = str(path)
         self._write(trainer, path)
+        self._newest_written = str(path)
         if self.save_top_k == 1 and previous and previous != str(path):
             self._remove(trainer, previous)
         if self.verbose:
@@ -259,36 +292,38 @@ class ModelCheckpoint(Callback):
         self.best_model_path = best(self.best_k_models, key=self.best_k_models.__getitem__)
         self.best_model_score = self.best_k_models[self.best_model_path]
         self._write(trainer, path)
+        self._newest_written = str(path)
         if evicted is not None and evicted != str(path):
             self._remove(trainer, evicted)
         if self.verbose:
             rank_zero_info(f"Epoch {trainer.current_epoch}: {self.monitor}={score:.5g}, saved {path}")
 
     def _claim(self, trainer: Trainer, path: AnyPath, previous: str = "") -> AnyPath:
-        """Collective. `path`, or when another run wrote (or is writing) that name, its next free `-vN` version,
-        claimed by rank 0 (strategies/checkpoint_names.py). A name this run wrote is re-saved in place."""
-        if str(path) in self._own_paths or str(path) == previous:
+        """Collective. `path`, or when a file of that name exists (or another run is writing it), its next free
+        `-vN` version, claimed by rank 0 (strategies/checkpoint_names.py), as Lightning's `enable_version_counter`
+        does. `previous` (the file this save replaces, e.g. a resumed run's `last-v1.ckpt`) is re-saved in place
+        when the versions reach it; with `enable_version_counter=False` every name is."""
+        if str(path) == previous or not self.enable_version_counter:
             return path
         chosen = path
         if trainer.is_global_zero:
             try:
-                chosen = claim_name(path, self._own_paths)
+                chosen = claim_name(path, {previous} if previous else ())
             except Exception:  # noqa: BLE001 - e.g. a read-only folder: the save itself then fails on every rank
                 chosen = path  # with a CheckpointSaveError; raising here would leave the others in the broadcast
         chosen = to_path(trainer.strategy.broadcast(str(chosen)))
         if str(chosen) != str(path):
-            rank_zero_warn(f"ModelCheckpoint: {path} was written by another run; this run saves {chosen} instead "
-                           "of overwriting it.")
+            rank_zero_warn(f"ModelCheckpoint: {path} exists (written by another run, or earlier in this one); this "
+                           f"run saves {chosen} instead of overwriting it (enable_version_counter=False overwrites).")
         return chosen
 
     def _write(self, trainer: Trainer, path: AnyPath) -> None:
-        """Save to `path` (claimed), then release the claim; the name is this run's from now on."""
+        """Save to `path` (claimed), then release the claim."""
         try:
             trainer.save_checkpoint(path, self.save_weights_only)
         finally:
             if trainer.is_global_zero:
                 release_claim(path)
-        self._own_paths.add(str(path))
 
     def _improves(self, score: float) -> bool:
         if score != score:  # NaN never improves

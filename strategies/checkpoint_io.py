@@ -347,6 +347,15 @@ def find_checkpoints(folder: AnyPath, pattern: str = "*.ckpt") -> list[tuple[int
     return [(p.stat().st_mtime_ns, p) for p in folder.glob(pattern) if TMP_MARKER not in p.name]
 
 
+def link_checkpoint(target: Path, link: Path) -> None:
+    """Point `link` (e.g. `last.ckpt`) at `target` with a relative symlink, swapped in atomically: a reader sees the
+    old link or the new one, never none."""
+    staged = link.with_name(f".{link.name}.{os.getpid()}.link")
+    staged.unlink(missing_ok=True)
+    os.symlink(os.path.relpath(target, link.parent), staged)
+    os.replace(staged, link)
+
+
 def remove_checkpoint(path: AnyPath) -> None:
     """Delete a checkpoint file or sharded folder (on a store: its commit record first, then its data)."""
     if is_remote(path):

@@ -28,8 +28,8 @@ def versioned(path: AnyPath, version: int) -> AnyPath:
 
 
 def claim_name(path: AnyPath, own: Collection[str] = ()) -> AnyPath:
-    """Rank 0: the first of `path`, `path-v1`, `path-v2`, ... that this run wrote (`own`: re-saved in place) or that
-    no other run wrote or is writing, claimed for this process until `release_claim`."""
+    """Rank 0: the first of `path`, `path-v1`, `path-v2`, ... that is in `own` (a file this save replaces: re-saved in
+    place) or that does not exist and no other run is writing, claimed for this process until `release_claim`."""
     version = 0
     while True:
         candidate = path if version == 0 else versioned(path, version)
