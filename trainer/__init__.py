@@ -5,6 +5,7 @@ imported by the components that need them, when they are first used.
 """
 
 from strategies.distributed import rank_zero_debug, rank_zero_info, rank_zero_only, rank_zero_warn
+from trainer.banner import cli_lightning_logo
 from trainer.datamodule import DataModule
 from trainer.module import TrainModule
 from trainer.seed import seed_everything
@@ -14,6 +15,7 @@ __all__ = [
     "DataModule",
     "TrainModule",
     "Trainer",
+    "cli_lightning_logo",
     "rank_zero_debug",
     "rank_zero_info",
     "rank_zero_only",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import re
 import sys
 import tempfile
@@ -25,14 +24,14 @@ from omegaconf import OmegaConf
 from callbacks.base import Callback
 from strategies.exceptions import ConfigError, MisconfigurationError
 from strategies.filesystem import AnyPath, join, makedirs, open_file, to_path
-from trainer.cli_config import SECTIONS, CLIError, ConfigSources, load_config, resolve_config
+from trainer.cli_config import SECTIONS, CLIError, ConfigSources, apply_seed, load_config, resolve_config
 from trainer.cli_objects import ObjectBuilder, did_you_mean, is_class_spec
 from trainer.datamodule import DataModule
 from trainer.module import TrainModule
-from trainer.seed import SEED_ENV, seed_everything
 from trainer.trainer import Trainer
 
-__all__ = ["CLIError", "CLIRun", "SaveConfig", "main", "run"]
+__all__ = ["CLIError", "CLIRun", "LightningArgumentParser", "LightningCLI", "ReduceLROnPlateau", "SaveConfig",
+           "SaveConfigCallback", "main", "run"]
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 CONFIG_FILENAME = "config.yaml"
@@ -152,13 +151,7 @@ def _build_trainer(config: dict[str, Any], text: str, sources: ConfigSources, bu
 
 
 def _seed(config: dict[str, Any]) -> None:
-    """`true` picks a seed (the one launched ranks inherit, if set) and records it in the saved config."""
-    seed = config.get("seed_everything")
-    if seed is True:
-        seed = int(os.environ.get(SEED_ENV) or random.randrange(2**31))
-        config["seed_everything"] = seed
-    if seed is not None and seed is not False:
-        seed_everything(seed, workers=True)  # as LightningCLI does: the DataLoader workers are seeded too
+    config["seed_everything"] = apply_seed(config.get("seed_everything"))
 
 
 # --- entry points ----------------------------------------------------------------------------------
@@ -207,3 +200,8 @@ def main(argv: list[str] | None = None) -> None:
     except CLIError as exc:
         print(f"trainer: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+# Lightning's CLI class lives here under its Lightning name (`from trainer.cli import LightningCLI`).
+from trainer.lightning_cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
+from trainer.lightning_cli_build import ReduceLROnPlateau  # noqa: E402

@@ -4,6 +4,8 @@ every mistake reported as `CLIError` naming the file (or the command line) and t
 from __future__ import annotations
 
 import io
+import os
+import random
 import re
 from pathlib import Path
 from typing import Any, cast
@@ -13,6 +15,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
 from strategies.exceptions import ConfigError
+from trainer.seed import SEED_ENV, seed_everything
 
 SECTIONS = ("model", "data", "trainer", "callbacks", "logger", "seed_everything", "ckpt_path")
 COMMAND_LINE = "command line"
@@ -119,3 +122,13 @@ def resolve_config(cfg: Any, sources: ConfigSources) -> dict[str, Any]:
     except InterpolationResolutionError as exc:
         key = str(exc.full_key or "")
         raise sources.error(key, f"cannot resolve interpolation: {str(exc).splitlines()[0]}") from None
+
+
+def apply_seed(value: Any) -> Any:
+    """`seed_everything` of a config: an int seeds (workers too, as LightningCLI does); `true` picks a seed (the one
+    launched ranks inherit, if set) and returns it, to be recorded in the saved config; null/false seed nothing."""
+    if value is True:
+        value = int(os.environ.get(SEED_ENV) or random.randrange(2**31))
+    if value is not None and value is not False:
+        seed_everything(value, workers=True)
+    return value

@@ -82,14 +82,21 @@ class ObjectBuilder:
         if not isinstance(kwargs, dict):
             raise self.sources.error(args_key, f"must be a mapping of arguments, got {kwargs!r}")
         cls = self.import_target(target, target_key, _SHORT_NAMES.get(re.sub(r"\[\d+\]$", "", key)))
-        self.check_kwargs(cls, kwargs, args_key)
+        return self.construct(cls, kwargs, args_key, make, label=f"{key}", name=target)
+
+    def construct(self, cls: Any, kwargs: dict[str, Any], args_key: str, make: bool = True,
+                  label: str | None = None, name: str | None = None, extra: dict[str, Any] | None = None) -> Any:
+        """Check `kwargs` against `cls`'s signature, build the specs inside them, then call `cls` (when `make`).
+        `extra` holds arguments that are objects already (built elsewhere), passed as they are."""
+        self.check_kwargs(cls, kwargs, args_key, provided=set(extra or ()))
         built = {k: self._walk(v, f"{args_key}.{k}", make) for k, v in kwargs.items()}
         if not make:
             return None
         try:
-            return cls(**built)
+            return cls(**built, **(extra or {}))
         except (ConfigError, MisconfigurationError) as exc:
-            raise self.sources.error(key, f"{target}: {exc}") from None
+            where = name or getattr(cls, "__qualname__", repr(cls))
+            raise self.sources.error(label or args_key, f"{where}: {exc}") from None
 
     def import_target(self, target: Any, key: str, default_module: str | None) -> Any:
         """`package.module.Name` (or a bare `Name` where the key has a default module) → the object."""
@@ -114,8 +121,9 @@ class ObjectBuilder:
             raise self.sources.error(key, f"'{target}' is not a class or function")
         return obj
 
-    def check_kwargs(self, cls: Any, kwargs: dict[str, Any], key: str) -> None:
-        """Unknown names (with a suggestion), missing required arguments and plainly wrong types."""
+    def check_kwargs(self, cls: Any, kwargs: dict[str, Any], key: str, provided: set[str] | None = None) -> None:
+        """Unknown names (with a suggestion), missing required arguments and plainly wrong types; `provided` names
+        arguments that will be given as objects (not checked)."""
         try:
             params = inspect.signature(cls).parameters
         except (TypeError, ValueError):
@@ -135,5 +143,5 @@ class ObjectBuilder:
             if annotation is not inspect.Parameter.empty and plainly_wrong:
                 raise self.sources.error(sub, f"{label} expects {annotation}, got {type(value).__name__} {value!r}")
         for name, p in named.items():
-            if p.default is inspect.Parameter.empty and name not in kwargs:
+            if p.default is inspect.Parameter.empty and name not in kwargs and name not in (provided or ()):
                 raise self.sources.error(key, f"{label} needs the argument '{name}'")
