@@ -3,6 +3,7 @@ stage, and the checkpoint a run resumes from. Kept out of trainer.py so that fil
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,6 +13,7 @@ from strategies.distributed import rank_zero_info, rank_zero_warn
 from strategies.exceptions import ConfigError, MisconfigurationError
 from strategies.filesystem import AnyPath, join, parent, to_path
 from trainer import data
+from trainer.combined_loader import MODES, CombinedLoader, TrainingBatches
 from trainer.flags import RunSpec
 from trainer.loggers.base import run_folder
 from trainer.sampling import prepare_loader
@@ -101,15 +103,8 @@ class StageLoaders:
             return loaders, [data.limit_batches(stage, data.loader_length(dl), limit) for dl in loaders]
 
         if fn == TrainerFn.FITTING:
-            train, limits = prepare("train", True)
-            if not train:
-                raise MisconfigurationError(
-                    "fit() found no training data: pass train_dataloaders, a datamodule with train_dataloader(), "
-                    "or define train_dataloader() on the module."
-                )
-            if len(train) > 1:
-                raise MisconfigurationError("fit() takes one training dataloader; combine several into one dataset.")
-            self.train, self.num_train = train[0], limits[0]
+            self._resolve_train(spec, strategy, sampler_kwargs, data.requested("train", given.get("train"),
+                                                                                datamodule, module))
             from trainer.hooks import is_overridden
             from trainer.module import TrainModule
 
@@ -126,6 +121,40 @@ class StageLoaders:
         else:
             self.predict, self.predict_limits = prepare("predict", False)
             _require(self.predict, "predict", "predict_dataloader")
+
+
+    def _resolve_train(self, spec: RunSpec, strategy: Strategy, sampler_kwargs: dict[str, Any] | None,
+                       source: Any) -> None:
+        """One training loader as it is; several (a list, tuple or dict, or a CombinedLoader) read together as
+        Lightning does, in "max_size_cycle" mode unless the CombinedLoader names another."""
+        if source is None:
+            raise MisconfigurationError(
+                "fit() found no training data: pass train_dataloaders, a datamodule with train_dataloader(), "
+                "or define train_dataloader() on the module."
+            )
+        combined = source if isinstance(source, CombinedLoader) else \
+            CombinedLoader(source, "max_size_cycle") if isinstance(source, (list, tuple, dict)) else None
+        if combined is not None and combined.mode == "sequential":
+            raise MisconfigurationError('fit() does not support CombinedLoader(mode="sequential") for training; '
+                                        f"use one of {[m for m in MODES if m != 'sequential']}.")
+        loaders = combined.flattened if combined is not None else [source]
+        if not loaders:
+            raise MisconfigurationError("fit(): the collection of training loaders is empty.")
+        prepared = []
+        for loader in loaders:
+            if not isinstance(loader, Iterable):
+                raise MisconfigurationError(f"train_dataloader() returned {type(loader).__name__}; return a "
+                                            "DataLoader, an iterable, or a list/dict of them.")
+            loader = prepare_loader(loader, sampler_kwargs, True)
+            seed_workers_of(loader, strategy.global_rank)
+            prepared.append(loader)
+        limits = [data.limit_batches("train", data.loader_length(dl), spec.limit_train_batches) for dl in prepared]
+        if combined is None:
+            self.train, self.num_train = prepared[0], limits[0]
+            return
+        combined.flattened, combined.limits = prepared, limits
+        self.train = TrainingBatches(combined)
+        self.num_train = data.loader_length(self.train)
 
 
 def _require(loaders: list[Any], fn: str, hook: str) -> None:

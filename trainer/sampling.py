@@ -64,6 +64,7 @@ class ResumableSampler(Sampler[int]):
                 self.generators.append(gen)
         self.epoch_state: dict[str, Any] = {}
         self._seed: int | None = None
+        self._later_seeds: list[int] = []  # seeds of the epoch's later passes, replayed (several loaders, cycling)
         self._skip = 0
 
     def generator_states(self) -> list[Tensor]:
@@ -81,6 +82,7 @@ class ResumableSampler(Sampler[int]):
             self.set_generator_states(replay["generators"])
         self.keep_run_seed(replay)
         self._seed, self._skip = replay.get("seed"), skip
+        self._later_seeds = list(replay.get("seeds", []))[1:]
         self.epoch_state = {"generators": self.generator_states()}
         if isinstance(self.inner, DistributedSampler):
             self.epoch_state["distributed_seed"] = self.inner.seed
@@ -96,13 +98,16 @@ class ResumableSampler(Sampler[int]):
         inner = self.inner
         indices: Iterable[int] = inner
         if type(inner) is RandomSampler and inner.generator is None:
+            if seed is None and self._later_seeds:
+                seed = self._later_seeds.pop(0)
             if seed is None:
                 seed = int(torch.empty((), dtype=torch.int64).random_().item())  # RandomSampler's own draw
             generator = torch.Generator()
             generator.manual_seed(seed)
             indices = RandomSampler(inner.data_source, replacement=inner.replacement,
                                     num_samples=inner.num_samples, generator=generator)
-            self.epoch_state["seed"] = seed
+            self.epoch_state["seed"] = self.epoch_state.get("seed", seed)
+            self.epoch_state["seeds"] = [*self.epoch_state.get("seeds", []), seed]  # a new list: copies stay
         return itertools.islice(iter(indices), skip, None)
 
     def __len__(self) -> int:
@@ -112,7 +117,7 @@ class ResumableSampler(Sampler[int]):
 
     def set_epoch(self, epoch: int) -> None:
         """Called at every epoch start, before any replay is armed: a replay never leaks into the next epoch."""
-        self._seed, self._skip = None, 0
+        self._seed, self._skip, self._later_seeds = None, 0, []
         fn = getattr(self.inner, "set_epoch", None)
         if callable(fn):
             fn(epoch)
@@ -171,6 +176,43 @@ def prepare_loader(loader: Iterable, sampler_kwargs: dict[str, Any] | None, trai
     return _rebuild(loader, ResumableSampler(sampler, [loader.generator]) if training else sampler)
 
 
-def resumable_sampler(loader: Any) -> ResumableSampler | None:
+class ResumableSamplers:
+    """The ResumableSamplers of several training loaders read together, with one sampler's interface for resume.
+
+    Such an epoch is replayed by reading its consumed batches again (`replays_by_reading`), from the epoch-start
+    RNG and generator states, with each pass's recorded permutation seed: a shorter loader that started a new
+    pass mid-epoch drew that seed from the global RNG between steps, which the replay cannot redo."""
+
+    replays_by_reading = True
+
+    def __init__(self, samplers: list[ResumableSampler | None]) -> None:
+        self.samplers = samplers
+
+    @property
+    def epoch_state(self) -> dict[str, Any]:
+        return {"inner": [dict(s.epoch_state) if s is not None else {} for s in self.samplers]}
+
+    def _paired(self, states: Any) -> list[tuple[ResumableSampler, Any]]:
+        return [(s, state) for s, state in zip(self.samplers, states or [], strict=False) if s is not None]
+
+    def generator_states(self) -> list[Any]:
+        return [s.generator_states() if s is not None else [] for s in self.samplers]
+
+    def set_generator_states(self, states: list[Any]) -> None:
+        for sampler, state in self._paired(states):
+            sampler.set_generator_states(state)
+
+    def keep_run_seed(self, epoch_state: dict[str, Any]) -> None:
+        for sampler, state in self._paired(epoch_state.get("inner")):
+            sampler.keep_run_seed(state)
+
+    def begin_epoch(self, replay: dict[str, Any] | None = None, skip: int = 0) -> None:
+        states = (replay or {}).get("inner") or [{}] * len(self.samplers)
+        for sampler, state in zip(self.samplers, states, strict=False):
+            if sampler is not None:
+                sampler.begin_epoch(state)
+
+
+def resumable_sampler(loader: Any) -> ResumableSampler | ResumableSamplers | None:
     sampler = getattr(loader, "sampler", None)
-    return sampler if isinstance(sampler, ResumableSampler) else None
+    return sampler if isinstance(sampler, (ResumableSampler, ResumableSamplers)) else None
