@@ -39,6 +39,12 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
+# torch's BatchNorm layers (their common base class is private); InstanceNorm's running statistics are left alone,
+# as Lightning leaves them
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.LazyBatchNorm1d,
+                nn.LazyBatchNorm2d, nn.LazyBatchNorm3d)
+
+
 class StochasticWeightAveraging(Callback):
     """Average the weights of the last epochs (SWA) with a constant or annealed `SWALR` learning rate.
 
@@ -100,7 +106,7 @@ class StochasticWeightAveraging(Callback):
 
     @staticmethod
     def pl_module_contains_batch_norm(pl_module: nn.Module) -> bool:
-        return any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in pl_module.modules())
+        return any(isinstance(module, _BATCH_NORMS) for module in pl_module.modules())
 
     # --- set-up ---------------------------------------------------------------------------------------------
     def _averaged(self, pl_module: TrainModule) -> AveragedModel:
@@ -193,7 +199,7 @@ class StochasticWeightAveraging(Callback):
     def _update_batch_norm(self, trainer: Trainer, pl_module: TrainModule) -> None:
         """One pass of training_step over the train loader with fresh, cumulative BatchNorm statistics; with
         several ranks, the ranks' statistics are averaged so that every rank ends with the same module."""
-        norms = [m for m in pl_module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        norms = [m for m in pl_module.modules() if isinstance(m, _BATCH_NORMS)]
         momenta = {}
         for norm in norms:
             assert norm.running_mean is not None and norm.running_var is not None
