@@ -166,13 +166,18 @@ def _resume_run(tmp_path: Path, resume_from: str | None) -> tuple[dict[str, torc
     seed_everything(0)
     model, lrs = Net(), RecordLR()
     saver = ModelCheckpoint(dirpath=tmp_path, filename="{epoch}-{step}", save_top_k=-1, every_n_train_steps=2)
-    callbacks = [lrs, StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=2, annealing_epochs=3), saver]
+    at_epoch_end = ModelCheckpoint(dirpath=tmp_path / "ends", filename="{epoch}", save_top_k=-1, every_n_epochs=1)
+    callbacks = [lrs, StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=2, annealing_epochs=3), saver,
+                 at_epoch_end]
     trainer = Trainer(max_epochs=5, callbacks=callbacks, **{**QUIET, "enable_checkpointing": True})
     trainer.fit(model, _loader(), ckpt_path=None if resume_from is None else tmp_path / resume_from)
     return _weights(model), lrs.lrs
 
 
-@pytest.mark.parametrize("resume_from", ["epoch=2-step=10.ckpt", "epoch=1-step=8.ckpt", "epoch=0-step=2.ckpt"])
+# inside an SWA epoch, after the last batch of the first SWA epoch, before SWA, and saved in on_train_epoch_end
+# (the restore finishes that epoch: the SWALR, or before SWA the module's scheduler, steps once) before and in SWA
+@pytest.mark.parametrize("resume_from", ["epoch=2-step=10.ckpt", "epoch=1-step=8.ckpt", "epoch=0-step=2.ckpt",
+                                         "ends/epoch=0.ckpt", "ends/epoch=2.ckpt"])
 def test_resume_is_bit_exact(tmp_path: Path, resume_from: str):
     reference, reference_lrs = _resume_run(tmp_path, None)
     assert (tmp_path / resume_from).exists(), sorted(p.name for p in tmp_path.iterdir())
