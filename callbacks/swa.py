@@ -80,6 +80,7 @@ class StochasticWeightAveraging(Callback):
         self._device = torch.device(device) if isinstance(device, str) else device
         self._average: AveragedModel | None = None
         self._live: _TensorView | None = None
+        self._names: list[str] = []  # the module's names of the view's tensors, in its order (p0, p1, ..., b0, ...)
         self._swa_scheduler: SWALR | None = None
         self._max_epochs = -1
         self._has_batch_norm = False
@@ -117,6 +118,8 @@ class StochasticWeightAveraging(Callback):
                     "Lightning does not: use strategy='ddp' or 'zero1', or WeightAveraging, whose average stays "
                     "sharded.")
             self._live = _TensorView(pl_module)
+            self._names = [name for name, _ in pl_module.named_parameters()] + [
+                name for name, _ in pl_module.named_buffers()]
             self._average = AveragedModel(self._live, device=self._device, avg_fn=self._avg_fn, use_buffers=False)
         return self._average
 
@@ -227,14 +230,31 @@ class StochasticWeightAveraging(Callback):
 
     # --- checkpoints ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """Lightning's keys; the average is keyed by the module's own names, as Lightning saves its copy."""
         average = self._average
         return {
             "n_averaged": 0 if average is None else int(average.n_averaged.item()),
             "latest_update_epoch": self._latest_update_epoch,
             "scheduler_state": None if self._swa_scheduler is None else self._swa_scheduler.state_dict(),
-            "average_model_state": None if average is None else
-            {name: t.detach().clone() for name, t in average.module.state_dict().items()},
+            "average_model_state": None if average is None else self._named_average(average),
         }
+
+    def _named_average(self, average: AveragedModel) -> dict[str, Tensor]:
+        tensors = [*average.module.parameters(), *average.module.buffers()]
+        return {name: t.detach().clone() for name, t in zip(self._names, tensors, strict=True)}
+
+    def _load_average(self, average: AveragedModel, saved: dict[str, Tensor]) -> None:
+        """The saved average into the copy (every parameter must be there; a buffer the file lacks keeps its value:
+        only parameters are averaged)."""
+        params = list(average.module.parameters())
+        missing = [name for name in self._names[:len(params)] if name not in saved]
+        if missing:
+            raise MisconfigurationError(f"StochasticWeightAveraging: the checkpoint's average lacks {missing[:5]}; "
+                                        "was it saved for another model?")
+        with torch.no_grad():
+            for name, tensor in zip(self._names, [*params, *average.module.buffers()], strict=True):
+                if name in saved:
+                    tensor.copy_(saved[name])
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._latest_update_epoch = state_dict["latest_update_epoch"]
@@ -248,7 +268,7 @@ class StochasticWeightAveraging(Callback):
             return
         average = self._averaged(pl_module)
         if state["average_model_state"] is not None:
-            average.module.load_state_dict(state["average_model_state"])
+            self._load_average(average, state["average_model_state"])
         average.n_averaged.fill_(state["n_averaged"])
         if state["scheduler_state"] is not None:
             self._max_epochs = trainer.max_epochs

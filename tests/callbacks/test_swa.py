@@ -206,3 +206,38 @@ def test_two_ddp_ranks_train_and_agree():
         assert torch.equal(ranks[0][key], ranks[1][key]), f"ranks disagree on {key}"
     assert not torch.equal(ranks[0]["net.0.weight"], initial["net.0.weight"])
     assert float(ranks[0]["net.1.num_batches_tracked"]) == 2  # the BatchNorm pass: 2 batches per rank
+
+
+# --- checkpoints across the two libraries ----------------------------------------------------------------------------
+def _lightning_checkpoints(tmp_path: Path, norm: bool) -> list[Path]:
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint as TheirCheckpoint
+    from lightning.pytorch.callbacks import StochasticWeightAveraging as TheirSWA
+
+    seed_everything(0)
+    theirs = _lightning_net(norm, True)
+    saver = TheirCheckpoint(dirpath=tmp_path / "lightning", filename="{epoch}", save_top_k=-1)
+    flags = {**LIGHTNING_FLAGS, "enable_checkpointing": True}
+    pl.Trainer(max_epochs=4, callbacks=[TheirSWA(swa_lrs=0.05, swa_epoch_start=2), saver], **flags).fit(
+        theirs, _loader())
+    return sorted((tmp_path / "lightning").glob("epoch=*.ckpt"))
+
+
+def test_the_checkpointed_state_is_lightnings(tmp_path: Path):
+    pytest.importorskip("lightning.pytorch")
+    theirs = _lightning_checkpoints(tmp_path, norm=True)
+    seed_everything(0)
+    saver = ModelCheckpoint(dirpath=tmp_path / "ours", filename="{epoch}", save_top_k=-1)
+    Trainer(max_epochs=4, callbacks=[StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=2), saver],
+            **{**QUIET, "enable_checkpointing": True}).fit(Net(), _loader())
+    ours = torch.load(tmp_path / "ours" / "epoch=2.ckpt", weights_only=True)["callbacks"]["StochasticWeightAveraging"]
+    their = torch.load(theirs[2], weights_only=False)["callbacks"]["StochasticWeightAveraging"]
+    assert ours.keys() == their.keys()
+    # the SWALR states differ by one step: Lightning steps epoch schedulers before on_train_epoch_end, where the
+    # checkpoint is saved, and this trainer after it (a resume takes that step: see the resume tests above)
+    assert (ours["n_averaged"], ours["latest_update_epoch"]) == (their["n_averaged"], their["latest_update_epoch"])
+    assert ours["scheduler_state"]["last_epoch"] + 1 == their["scheduler_state"]["last_epoch"]
+    assert ours["average_model_state"].keys() == their["average_model_state"].keys()
+    for name, _ in Net().named_parameters():  # only parameters are averaged (the buffers are never transferred)
+        assert torch.equal(ours["average_model_state"][name], their["average_model_state"][name]), name
+
