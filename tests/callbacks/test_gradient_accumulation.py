@@ -40,6 +40,24 @@ class Net(_Body, TrainModule):
         self._build()
 
 
+class _Plain(_Body):
+    def __init__(self) -> None:
+        super().__init__()
+        self._build()
+
+
+class _Manual(_Plain):
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        self.manual_backward(super().training_step(batch, batch_idx))
+        optimizer.step()
+
+
 class Steps(Callback):
     """(epoch, batch_idx, global_step) after every batch, and the batches the optimizer stepped after."""
 
@@ -104,26 +122,33 @@ def test_bad_schedules_are_refused(scheduling: dict[Any, Any], error: type[Excep
         GradientAccumulationScheduler(scheduling)
 
 
+def _lightning_fit(module_class: type, error: type[Exception], **flags: Any) -> None:
+    """Lightning raises `error` for the same run."""
+    lightning = pytest.importorskip("lightning.pytorch")
+    from lightning.pytorch.callbacks import GradientAccumulationScheduler as Theirs
+
+    class TheirNet(module_class, lightning.LightningModule):  # type: ignore[misc, valid-type]
+        pass
+
+    with pytest.raises(error):
+        lightning.Trainer(max_epochs=1, callbacks=[Theirs({0: 2})], **{**LIGHTNING_FLAGS, **flags}).fit(
+            TheirNet(), _loader())
+
+
 def test_the_trainer_flag_conflicts_with_the_callback():
     with pytest.raises(ValueError, match="accumulate_grad_batches=2"):
         Trainer(max_epochs=1, accumulate_grad_batches=2, callbacks=[GradientAccumulationScheduler({1: 2})],
                 **QUIET).fit(Net(), _loader())
+    _lightning_fit(_Plain, ValueError, accumulate_grad_batches=2)
 
 
 def test_manual_optimization_is_refused_as_in_lightning():
-    class Manual(Net):
-        def __init__(self) -> None:
-            super().__init__()
-            self.automatic_optimization = False
-
-        def training_step(self, batch: Any, batch_idx: int) -> None:
-            optimizer = self.optimizers()
-            optimizer.zero_grad()
-            self.manual_backward(super().training_step(batch, batch_idx))
-            optimizer.step()
+    class Manual(_Manual, TrainModule):
+        pass
 
     with pytest.raises(RuntimeError, match="automatic optimization"):
         Trainer(max_epochs=1, callbacks=[GradientAccumulationScheduler({0: 2})], **QUIET).fit(Manual(), _loader())
+    _lightning_fit(_Manual, RuntimeError)
 
 
 def test_the_estimate_of_stepping_batches_reads_the_current_factor():
