@@ -214,7 +214,8 @@ class StochasticWeightAveraging(Callback):
         state, was_training = trainer.fit_state, pl_module.training
         pl_module.train()
         try:
-            with torch.no_grad():
+            # a results collection of its own: what training_step logs in this pass goes nowhere
+            with torch.no_grad(), state.using_results(state.new_eval_results()):
                 for batch_idx, batch in zip(range(_count(trainer.num_training_batches)), trainer.train_dataloader,
                                             strict=False):
                     state.run_step("training_step", state.to_device(batch), batch_idx)

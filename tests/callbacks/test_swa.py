@@ -161,6 +161,17 @@ def test_two_optimizers_are_refused():
         Trainer(max_epochs=2, callbacks=[StochasticWeightAveraging(swa_lrs=0.1)], **QUIET).fit(Two(), _loader())
 
 
+def test_sharded_parameters_are_refused():
+    from strategies import ZeroStrategy
+
+    try:
+        with pytest.raises(MisconfigurationError, match="zero3"):
+            Trainer(max_epochs=2, strategy=ZeroStrategy(stage=3), callbacks=[StochasticWeightAveraging(swa_lrs=0.1)],
+                    **QUIET).fit(Net(), _loader())
+    finally:  # the strategy keeps its one-rank group for later calls in the same script (strategies/parallel.py)
+        torch.distributed.destroy_process_group()
+
+
 # --- resume ---------------------------------------------------------------------------------------------------------
 def _resume_run(tmp_path: Path, resume_from: str | None) -> tuple[dict[str, torch.Tensor], list[float]]:
     seed_everything(0)
@@ -188,18 +199,19 @@ def test_resume_is_bit_exact(tmp_path: Path, resume_from: str):
 
 
 # --- 2 ranks ---------------------------------------------------------------------------------------------------------
-def _rank(rank: int) -> dict[str, torch.Tensor]:
+def _rank(rank: int, strategy: str) -> dict[str, torch.Tensor]:
     seed_everything(0)
     model = Net()
     Trainer(max_epochs=3, callbacks=[StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=2)],
-            **{**QUIET, "devices": 2, "strategy": "ddp"}).fit(model, _loader())
+            **{**QUIET, "devices": 2, "strategy": strategy}).fit(model, _loader())
     return _weights(model)
 
 
 @pytest.mark.distributed
 @pytest.mark.timeout(120)
-def test_two_ddp_ranks_train_and_agree():
-    ranks = run_distributed(_rank)
+@pytest.mark.parametrize("strategy", ["ddp", "zero1"])
+def test_two_ranks_train_and_agree(strategy: str):
+    ranks = run_distributed(_rank, strategy)
     seed_everything(0)
     initial = _weights(Net())
     for key in ranks[0]:
@@ -241,3 +253,24 @@ def test_the_checkpointed_state_is_lightnings(tmp_path: Path):
     for name, _ in Net().named_parameters():  # only parameters are averaged (the buffers are never transferred)
         assert torch.equal(ours["average_model_state"][name], their["average_model_state"][name]), name
 
+
+
+def test_what_the_batch_norm_pass_logs_goes_nowhere():
+    class Logs(Net):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            loss = super().training_step(batch, batch_idx)
+            self.log("train_loss", loss, on_step=True, on_epoch=True)
+            return loss
+
+    class LastEpoch(Callback):
+        def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+            self.metrics = dict(trainer.callback_metrics)
+
+    seed_everything(0)
+    last = LastEpoch()
+    trainer = Trainer(max_epochs=3, callbacks=[StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=2), last],
+                      **QUIET)
+    model = Logs()
+    trainer.fit(model, _loader())
+    assert float(model.net[1].num_batches_tracked) == 4  # the pass ran
+    assert trainer.callback_metrics == last.metrics
