@@ -4,16 +4,18 @@ from callbacks.base import Callback
 from callbacks.checkpoint import ModelCheckpoint
 from callbacks.early_stopping import EarlyStopping
 from callbacks.finetuning import BackboneFinetuning, BaseFinetuning
+from callbacks.gradient_accumulation import GradientAccumulationScheduler
 from callbacks.lambda_function import LambdaCallback
 from callbacks.lr_monitor import LearningRateMonitor
 from callbacks.model_summary import ModelSummary
 from callbacks.on_exception_checkpoint import OnExceptionCheckpoint
 from callbacks.progress import ProgressBar
+from callbacks.swa import StochasticWeightAveraging
 from callbacks.timer import Timer
 from callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
 __all__ = [
-    "BackboneFinetuning", "BaseFinetuning", "Callback", "EMAWeightAveraging", "EarlyStopping", "LearningRateMonitor",
-    "LambdaCallback", "ModelCheckpoint", "ModelSummary", "OnExceptionCheckpoint", "ProgressBar", "Timer",
-    "WeightAveraging",
+    "BackboneFinetuning", "BaseFinetuning", "Callback", "EMAWeightAveraging", "EarlyStopping",
+    "GradientAccumulationScheduler", "LambdaCallback", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary",
+    "OnExceptionCheckpoint", "ProgressBar", "StochasticWeightAveraging", "Timer", "WeightAveraging",
 ]

@@ -38,8 +38,19 @@ class TrainerProperties:
     """The `min_epochs` flag."""
     max_steps = property(lambda self: self.fit_state.spec.max_steps)
     """The `max_steps` flag (-1: no step limit)."""
-    accumulate_grad_batches = property(lambda self: self.fit_state.spec.accumulate_grad_batches)
-    """Batches per optimizer step."""
+    @property
+    def accumulate_grad_batches(self) -> int:
+        """Batches per optimizer step: the flag, or what a callback set (GradientAccumulationScheduler)."""
+        return self.fit_state.schedule.accumulate_grad_batches
+
+    @accumulate_grad_batches.setter
+    def accumulate_grad_batches(self, value: int) -> None:
+        """Settable, as in Lightning; the loop reads it at each batch, so set it in `on_train_epoch_start`: the
+        accumulation windows are counted from each epoch's first batch."""
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise MisconfigurationError(f"trainer.accumulate_grad_batches = {value!r}: use an int >= 1.")
+        self.fit_state.schedule.accumulate_grad_batches = value
+
     gradient_clip_val = property(lambda self: self.fit_state.spec.gradient_clip_val)
     """The clipping threshold, or None."""
     gradient_clip_algorithm = property(lambda self: self.fit_state.spec.gradient_clip_algorithm)
@@ -196,7 +207,7 @@ class TrainerProperties:
             )
         if loaders.num_train == math.inf:
             return spec.max_steps if spec.max_steps != -1 else math.inf
-        steps = math.ceil(loaders.num_train / spec.accumulate_grad_batches) * max(spec.max_epochs, 1)
+        steps = math.ceil(loaders.num_train / self.accumulate_grad_batches) * max(spec.max_epochs, 1)
         return min(steps, spec.max_steps) if spec.max_steps != -1 else steps
 
     @property
