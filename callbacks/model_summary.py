@@ -8,6 +8,7 @@ and `RichModelSummary` (callbacks/rich_model_summary.py) renders the same data w
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +40,7 @@ class SummaryData:
 
 
 def human_count(number: float) -> str:
-    """Lightning's short counts: `66  `, `1.2 K`, `2.0 M`, `400 T` (digits grouped in thousands, one decimal below 100)."""
+    """Lightning's short counts: `66  `, `1.2 K`, `2.0 M`, `400 T` (thousands grouped, one decimal below 100)."""
     digits = int(math.floor(math.log10(number)) + 1) if number > 0 else 1
     groups = min(math.ceil(digits / 3), len(_UNITS))
     scaled = number * 10 ** (-3 * (groups - 1))
@@ -72,10 +73,10 @@ def _layers(module: nn.Module, max_depth: int) -> list[tuple[str, nn.Module]]:
     return layers if max_depth == -1 else [(n, m) for n, m in layers if n.count(".") < max_depth]
 
 
-def _example_forward(module: nn.Module, layers: list[tuple[str, nn.Module]], example: Any,
-                     flops: Any) -> dict[str, tuple[Any, Any]]:
+def _example_forward(module: nn.Module, layers: list[tuple[str, nn.Module]], example: Any, flops: Any,
+                     precision: Any) -> dict[str, tuple[Any, Any]]:
     """Each layer's input and output shapes at its first call in one forward of `example` (eval mode, no grad,
-    the module's batch-transfer hooks applied, as Lightning does)."""
+    the module's batch-transfer hooks and the run's precision applied, as to a batch)."""
     sizes: dict[str, tuple[Any, Any]] = {}
 
     def record(name: str) -> Any:
@@ -88,14 +89,18 @@ def _example_forward(module: nn.Module, layers: list[tuple[str, nn.Module]], exa
                if not isinstance(m, torch.jit.ScriptModule)]
     modes = {m: m.training for m in module.modules()}
     device = next(module.parameters(), torch.empty(0)).device
-    if hasattr(module, "transfer_batch_to_device"):
-        example = module.on_before_batch_transfer(example, 0)
-        example = module.on_after_batch_transfer(module.transfer_batch_to_device(example, device, 0), 0)
+    hooks: list[Any] = [getattr(module, name, None) for name in
+             ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")]
+    if all(callable(hook) for hook in hooks):  # a TrainModule: its batch-transfer hooks, as for a batch
+        before, transfer, after = hooks
+        example = after(transfer(before(example, 0), device, 0), 0)
     else:
         example = move_to_device(example, device)
+    if precision is not None:  # e.g. float inputs become float64 under "64-true" (Lightning's summary fails there)
+        example = precision.convert_input(example)
     module.eval()
     try:
-        with torch.no_grad(), flops:
+        with torch.no_grad(), precision.forward_context() if precision is not None else nullcontext(), flops:
             if isinstance(example, (list, tuple)):
                 module(*example)
             elif isinstance(example, dict):
@@ -110,9 +115,10 @@ def _example_forward(module: nn.Module, layers: list[tuple[str, nn.Module]], exa
     return sizes
 
 
-def summary_of(module: nn.Module, max_depth: int = 1, example_input: Any = None) -> SummaryData:
+def summary_of(module: nn.Module, max_depth: int = 1, example_input: Any = None, precision: Any = None) -> SummaryData:
     """The summary data of `module` with rows up to `max_depth` (-1: all, 0: none); with an `example_input` (the
-    module's `example_input_array`), one forward adds the "In sizes"/"Out sizes" columns and counts FLOPs."""
+    module's `example_input_array`), one forward adds the "In sizes"/"Out sizes" columns and counts FLOPs (under
+    `precision`, the strategy's Precision object, when given)."""
     if not isinstance(max_depth, int) or max_depth < -1:
         raise ValueError(f"ModelSummary(max_depth={max_depth!r}): use -1 (every layer), 0 (none) or a positive depth.")
     layers = _layers(module, max_depth)
@@ -123,7 +129,7 @@ def summary_of(module: nn.Module, max_depth: int = 1, example_input: Any = None)
         from torch.utils.flop_counter import FlopCounterMode
 
         counter = FlopCounterMode(display=False, depth=max_depth + 1)
-        sizes = _example_forward(module, layers, example_input, counter)
+        sizes = _example_forward(module, layers, example_input, counter, precision)
         per_module = counter.get_flop_counts()
         flop_counts = {n: sum(per_module.get(f"{type(module).__name__}.{n}", {}).values()) for n, _ in layers}
         total_flops = counter.get_total_flops()
@@ -155,7 +161,7 @@ def format_summary(data: SummaryData) -> str:
     """Lightning's text layout: the columns left-aligned and joined by ` | `, a rule, then one total per line."""
     widths = [max([len(header), *(len(cell) for cell in cells)]) for header, cells in data.columns]
     rule = "-" * (sum(widths) + 3 * (len(widths) + 1))
-    rows = [[header for header, _ in data.columns], *zip(*(cells for _, cells in data.columns))]
+    rows = [[header for header, _ in data.columns], *zip(*(cells for _, cells in data.columns), strict=True)]
     lines = [" | ".join(f"{cell:<{w}}" for cell, w in zip(row, widths, strict=True)) for row in rows]
     totals = [
         (human_count(data.trainable_parameters), "Trainable params"),
@@ -212,7 +218,7 @@ class ModelSummary(Callback):
         if not self._max_depth or not trainer.is_global_zero:
             return
         example = pl_module.example_input_array if trainer.world_size == 1 else None
-        data = summary_of(pl_module, self._max_depth, example)
+        data = summary_of(pl_module, self._max_depth, example, trainer.strategy.precision)
         self.summarize(data.columns, data.total_parameters, data.trainable_parameters, data.model_size,
                        data.total_training_modes, total_flops=data.total_flops, **self._summarize_kwargs)
 

@@ -184,7 +184,8 @@ class ProgressBarBase(Callback):
 
     def on_test_batch_start(self, trainer: Trainer, pl_module: TrainModule, batch: Any, batch_idx: int,
                             dataloader_idx: int = 0) -> None:
-        self._eval_batch_start(self.test_description, dataloader_idx, lambda: self.total_test_batches_current_dataloader)
+        self._eval_batch_start(self.test_description, dataloader_idx,
+                               lambda: self.total_test_batches_current_dataloader)
 
     def on_test_batch_end(self, trainer: Trainer, pl_module: TrainModule, outputs: Any, batch: Any,
                           batch_idx: int, dataloader_idx: int = 0) -> None:

@@ -52,7 +52,7 @@ class RichModelSummary(ModelSummary):
                 table.add_column(header, justify="right", style="white")
             else:
                 table.add_column(header, justify="left", no_wrap=header == "Name")
-        for row in zip(*(cells for _, cells in summary_data)):
+        for row in zip(*(cells for _, cells in summary_data), strict=True):
             table.add_row(*row)
         console = get_console()
         console.print(table)

@@ -10,12 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-from callbacks.progress_base import EVAL, TRAIN, ProgressBarBase
+from callbacks.progress_base import TRAIN, ProgressBarBase
 from callbacks.rich_model_summary import _require_rich
 
 if TYPE_CHECKING:
-    from trainer.module import TrainModule
-    from trainer.trainer import Trainer
+    pass
 
 
 @dataclass
