@@ -12,7 +12,7 @@ def _require_rich(name: str) -> None:
         import rich  # noqa: F401
     except ImportError as err:
         raise ModuleNotFoundError(f"`{name}` needs the `rich` package: `pip install rich` "
-                                  "(or this project's `rich` extra).") from err
+                                  "(or this project's `rich` extra).", name="rich") from err
 
 
 class RichModelSummary(ModelSummary):
