@@ -9,6 +9,7 @@ from callbacks.lr_monitor import LearningRateMonitor
 from callbacks.model_summary import ModelSummary
 from callbacks.on_exception_checkpoint import OnExceptionCheckpoint
 from callbacks.progress import ProgressBar
+from callbacks.progress_base import ProgressBarBase
 from callbacks.rich_model_summary import RichModelSummary
 from callbacks.rich_progress import RichProgressBar, RichProgressBarTheme
 from callbacks.timer import Timer
@@ -17,5 +18,5 @@ from callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 __all__ = [
     "BackboneFinetuning", "BaseFinetuning", "Callback", "EMAWeightAveraging", "EarlyStopping", "LearningRateMonitor",
     "LambdaCallback", "ModelCheckpoint", "ModelSummary", "OnExceptionCheckpoint", "ProgressBar",
-    "RichModelSummary", "RichProgressBar", "RichProgressBarTheme", "Timer", "WeightAveraging",
+    "ProgressBarBase", "RichModelSummary", "RichProgressBar", "RichProgressBarTheme", "Timer", "WeightAveraging",
 ]
