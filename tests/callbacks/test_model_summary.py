@@ -116,8 +116,10 @@ def test_the_summary_printed_at_fit_start_equals_lightnings(precision: str, caps
         def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
+    from lightning.pytorch.callbacks import ModelSummary as LitSummary  # with rich installed, Lightning's default
+                                                                         # would be its RichModelSummary
     with caplog.at_level(logging.INFO, logger="lightning.pytorch.callbacks.model_summary"):
-        pl.Trainer(max_steps=1, precision=precision, logger=False, enable_checkpointing=False,
+        pl.Trainer(max_steps=1, precision=precision, callbacks=[LitSummary()], logger=False, enable_checkpointing=False,
                    enable_progress_bar=False, accelerator="cpu", devices=1).fit(
             Lit(), DataLoader(RandomDataset(32, 8), batch_size=4))
     theirs = next(r.getMessage() for r in caplog.records if "Total params" in r.getMessage())

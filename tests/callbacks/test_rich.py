@@ -229,3 +229,22 @@ def test_without_rich_the_error_names_the_package(monkeypatch: pytest.MonkeyPatc
         RichProgressBar()
     with pytest.raises(ModuleNotFoundError, match="`RichModelSummary` needs the `rich` package"):
         RichModelSummary()
+
+
+def _draw_on_a_rank(rank: int) -> tuple[str, list[Any], list[str]]:
+    out = io.StringIO()
+    bar = RichProgressBar(refresh_rate=10**9, console_kwargs={"file": out, "force_terminal": True, "width": 200})
+    trainer = Trainer(callbacks=[bar], **{**BAR, **RUN, "strategy": "ddp", "devices": 2, "max_epochs": 1})
+    trainer.fit(Ours())
+    return out.getvalue(), [] if bar.progress is None else _tasks(bar), bar.metrics_texts()
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_on_two_ranks_only_rank_zero_draws():
+    from tests.helpers.dist import run_distributed
+
+    (zero_out, zero_tasks, zero_metrics), (one_out, one_tasks, one_metrics) = run_distributed(_draw_on_a_rank)
+    assert "Epoch 0/0 " in zero_out and ("Epoch 0/0 ", 4, 4, True) in zero_tasks  # each rank has 4 batches of 8
+    assert zero_metrics[0] == "step: 3.000"
+    assert (one_out, one_tasks, one_metrics) == ("", [], [])
