@@ -248,3 +248,24 @@ def test_on_two_ranks_only_rank_zero_draws():
     assert "Epoch 0/0 " in zero_out and ("Epoch 0/0 ", 4, 4, True) in zero_tasks  # each rank has 4 batches of 8
     assert zero_metrics[0] == "step: 3.000"
     assert (one_out, one_tasks, one_metrics) == ("", [], [])
+
+
+
+class _PickleTheBar(Callback):
+    """Pickles the bar in the middle of a fit, as ddp_spawn pickles the callbacks it sends to its processes."""
+
+    def __init__(self, bar: RichProgressBar) -> None:
+        self.bar, self.copies = bar, []
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        import pickle
+
+        state = {k: v for k, v in self.bar.__getstate__().items() if k != "_trainer"}
+        self.copies.append(pickle.loads(pickle.dumps(state)))
+
+
+def test_the_bar_pickles_while_drawing():
+    bar = RichProgressBar(console_kwargs={"file": io.StringIO(), "force_terminal": True})
+    spy = _PickleTheBar(bar)
+    Trainer(max_steps=1, limit_val_batches=0, callbacks=[bar, spy], **BAR).fit(Ours())
+    assert spy.copies[0]["progress"] is None and bar.progress is not None  # rich's Progress holds locks
