@@ -10,6 +10,9 @@ from callbacks.lr_monitor import LearningRateMonitor
 from callbacks.model_summary import ModelSummary
 from callbacks.on_exception_checkpoint import OnExceptionCheckpoint
 from callbacks.progress import ProgressBar
+from callbacks.progress_base import ProgressBarBase
+from callbacks.rich_model_summary import RichModelSummary
+from callbacks.rich_progress import RichProgressBar, RichProgressBarTheme
 from callbacks.swa import StochasticWeightAveraging
 from callbacks.timer import Timer
 from callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
@@ -17,5 +20,6 @@ from callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 __all__ = [
     "BackboneFinetuning", "BaseFinetuning", "Callback", "EMAWeightAveraging", "EarlyStopping",
     "GradientAccumulationScheduler", "LambdaCallback", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary",
-    "OnExceptionCheckpoint", "ProgressBar", "StochasticWeightAveraging", "Timer", "WeightAveraging",
+    "OnExceptionCheckpoint", "ProgressBar", "ProgressBarBase", "RichModelSummary", "RichProgressBar",
+    "RichProgressBarTheme", "StochasticWeightAveraging", "Timer", "WeightAveraging",
 ]

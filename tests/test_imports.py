@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-HEAVY = ("tensorboard", "omegaconf", "tqdm", "torchmetrics", "lightning")
+HEAVY = ("tensorboard", "omegaconf", "tqdm", "torchmetrics", "lightning", "rich")
 # the optional integrations: imported when a logger starts its run or a URL is used, never by `import trainer`
 OPTIONAL = ("mlflow", "wandb", "fsspec", "s3fs", "boto3", "botocore", "aiobotocore", "moto")
 
@@ -31,7 +31,7 @@ def test_import_trainer_loads_no_heavy_optional_dependency():
     )
     new_heavy = [m for m in result["new"] if m.split(".")[0] in HEAVY]
     assert new_heavy == []
-    for name in ("tensorboard", "omegaconf", "torchmetrics", "lightning"):
+    for name in ("tensorboard", "omegaconf", "torchmetrics", "lightning", "rich"):
         assert name not in result["all"]
 
 

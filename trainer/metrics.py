@@ -109,6 +109,9 @@ class MetricsRouter:
 
     def epoch_end(self, computed: dict[str, dict[str, Tensor]], step: int, epoch: int | None) -> dict[str, float]:
         """Record epoch values (from ResultCollection.epoch_end) and send them to the loggers."""
+        if self._live is not None:  # the bar lists names in the order they were first logged, as Lightning's does
+            for key, value in self._live.step_metrics("prog_bar").items():
+                self._progress_bar.setdefault(key, value)
         self._callback.update(computed["callback"])
         self._progress_bar.update(computed["prog_bar"])
         values = to_python(computed["logger"])

@@ -179,10 +179,10 @@ class TrainerProperties:
 
     @property
     def progress_bar_callback(self) -> Any:
-        """The ProgressBar callback, or None."""
-        from callbacks.progress import ProgressBar
+        """The progress bar callback (ProgressBar, RichProgressBar or another ProgressBarBase), or None."""
+        from callbacks.progress_base import ProgressBarBase
 
-        found = [cb for cb in self.callbacks if isinstance(cb, ProgressBar)]
+        found = [cb for cb in self.callbacks if isinstance(cb, ProgressBarBase)]
         return found[0] if found else None
 
     @property

@@ -48,7 +48,6 @@ def build_callbacks(callbacks: Any, spec: RunSpec) -> list[Any]:
     from callbacks.base import Callback
     from callbacks.checkpoint import ModelCheckpoint
     from callbacks.model_summary import ModelSummary
-    from callbacks.progress import ProgressBar
 
     given = list(callbacks) if isinstance(callbacks, (list, tuple)) else ([callbacks] if callbacks else [])
     for cb in given:
@@ -59,10 +58,11 @@ def build_callbacks(callbacks: Any, spec: RunSpec) -> list[Any]:
         raise ConfigError("a ModelCheckpoint callback was given but enable_checkpointing=False; drop one of them.")
     if spec.enable_checkpointing and not has(ModelCheckpoint):
         given.append(ModelCheckpoint())
-    if spec.enable_progress_bar and not has(ProgressBar):
-        given.append(ProgressBar())
+    bar = _progress_bar(given, spec)
+    if bar is not None and bar not in given:
+        given.append(bar)
     if spec.enable_model_summary and not has(ModelSummary):
-        given.append(ModelSummary())
+        given.append(_default_summary(bar))
     if spec.fast_dev_run:
         given = [cb for cb in given if not isinstance(cb, ModelCheckpoint)]
     keys = [cb.state_key for cb in given]
@@ -74,6 +74,36 @@ def build_callbacks(callbacks: Any, spec: RunSpec) -> list[Any]:
     return [cb for cb in given if not isinstance(cb, ModelCheckpoint)] + [
         cb for cb in given if isinstance(cb, ModelCheckpoint)
     ]
+
+
+def _progress_bar(given: list[Any], spec: RunSpec) -> Any:
+    """The run's progress bar: the one given (one at most, and only with `enable_progress_bar=True`, as in
+    Lightning), else a `ProgressBar` when enabled."""
+    from callbacks.progress import ProgressBar
+    from callbacks.progress_base import ProgressBarBase
+
+    bars = [cb for cb in given if isinstance(cb, ProgressBarBase)]
+    if len(bars) > 1:
+        raise ConfigError(f"callbacks has {len(bars)} progress bars ({', '.join(type(b).__name__ for b in bars)}); "
+                          "a Trainer takes one.")
+    if bars and not spec.enable_progress_bar:
+        raise ConfigError(f"Trainer(enable_progress_bar=False) was given a {type(bars[0]).__name__} callback; "
+                          "drop one of them.")
+    if bars:
+        return bars[0]
+    return ProgressBar() if spec.enable_progress_bar else None
+
+
+def _default_summary(bar: Any) -> Any:
+    """ModelSummary, or RichModelSummary beside a RichProgressBar (rich is there then)."""
+    from callbacks.model_summary import ModelSummary
+    from callbacks.rich_progress import RichProgressBar
+
+    if isinstance(bar, RichProgressBar):
+        from callbacks.rich_model_summary import RichModelSummary
+
+        return RichModelSummary()
+    return ModelSummary()
 
 
 @dataclass
