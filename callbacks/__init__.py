@@ -2,6 +2,7 @@
 
 from callbacks.base import Callback
 from callbacks.checkpoint import ModelCheckpoint
+from callbacks.device_stats import DeviceStatsMonitor
 from callbacks.early_stopping import EarlyStopping
 from callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from callbacks.lambda_function import LambdaCallback
@@ -9,11 +10,12 @@ from callbacks.lr_monitor import LearningRateMonitor
 from callbacks.model_summary import ModelSummary
 from callbacks.on_exception_checkpoint import OnExceptionCheckpoint
 from callbacks.progress import ProgressBar
+from callbacks.throughput_monitor import ThroughputMonitor
 from callbacks.timer import Timer
 from callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
 __all__ = [
-    "BackboneFinetuning", "BaseFinetuning", "Callback", "EMAWeightAveraging", "EarlyStopping", "LearningRateMonitor",
-    "LambdaCallback", "ModelCheckpoint", "ModelSummary", "OnExceptionCheckpoint", "ProgressBar", "Timer",
-    "WeightAveraging",
+    "BackboneFinetuning", "BaseFinetuning", "Callback", "DeviceStatsMonitor", "EMAWeightAveraging", "EarlyStopping",
+    "LearningRateMonitor", "LambdaCallback", "ModelCheckpoint", "ModelSummary", "OnExceptionCheckpoint",
+    "ProgressBar", "ThroughputMonitor", "Timer", "WeightAveraging",
 ]
