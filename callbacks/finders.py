@@ -12,7 +12,7 @@ hooks, so the run trains (or evaluates) with the found size.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from callbacks.base import Callback
 from strategies.distributed import rank_zero_warn
