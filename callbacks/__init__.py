@@ -4,6 +4,7 @@ from callbacks.base import Callback
 from callbacks.checkpoint import ModelCheckpoint
 from callbacks.device_stats import DeviceStatsMonitor
 from callbacks.early_stopping import EarlyStopping
+from callbacks.finders import BatchSizeFinder, LearningRateFinder
 from callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from callbacks.lambda_function import LambdaCallback
 from callbacks.lr_monitor import LearningRateMonitor
@@ -15,7 +16,7 @@ from callbacks.timer import Timer
 from callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
 __all__ = [
-    "BackboneFinetuning", "BaseFinetuning", "Callback", "DeviceStatsMonitor", "EMAWeightAveraging", "EarlyStopping",
-    "LearningRateMonitor", "LambdaCallback", "ModelCheckpoint", "ModelSummary", "OnExceptionCheckpoint",
-    "ProgressBar", "ThroughputMonitor", "Timer", "WeightAveraging",
+    "BackboneFinetuning", "BaseFinetuning", "BatchSizeFinder", "Callback", "DeviceStatsMonitor", "EMAWeightAveraging",
+    "EarlyStopping", "LearningRateFinder", "LearningRateMonitor", "LambdaCallback", "ModelCheckpoint", "ModelSummary",
+    "OnExceptionCheckpoint", "ProgressBar", "ThroughputMonitor", "Timer", "WeightAveraging",
 ]
