@@ -200,8 +200,8 @@ def test_flops_per_batch_adds_the_flops_rate():
         flops_per_batch = 1000
 
     logger = Recorder()
-    Trainer(**FLAGS, max_steps=4, log_every_n_steps=1, logger=logger,
-            callbacks=[ThroughputMonitor(batch_size_fn=lambda b: b[0].size(0), window_size=2)]).fit(Counted(), _loader())
+    monitor = ThroughputMonitor(batch_size_fn=lambda b: b[0].size(0), window_size=2)
+    Trainer(**FLAGS, max_steps=4, log_every_n_steps=1, logger=logger, callbacks=[monitor]).fit(Counted(), _loader())
     assert "train/device/flops_per_sec" in logger.rows[-2][1] or "train/device/flops_per_sec" in logger.rows[-1][1]
 
 
@@ -222,7 +222,8 @@ def test_device_stats_monitor_logs_lightnings_keys_on_cpu():
     ours_rows, their_rows = _device_rows(ours.rows), _device_rows(theirs.rows)
     assert [names for _, names in ours_rows] == [names for _, names in their_rows]
     keys = {k for _, names in ours_rows for k in names}
-    assert {"DeviceStatsMonitor.on_train_batch_start/cpu_percent", "DeviceStatsMonitor.on_train_batch_end/cpu_vm_percent",
+    assert {"DeviceStatsMonitor.on_train_batch_start/cpu_percent",
+            "DeviceStatsMonitor.on_train_batch_end/cpu_vm_percent",
             "DeviceStatsMonitor.on_validation_batch_end/cpu_swap_percent",
             "DeviceStatsMonitor.on_test_batch_start/cpu_percent"} <= keys
     for (step, names), (their_step, _) in zip(ours_rows, their_rows, strict=True):
