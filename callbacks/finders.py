@@ -34,6 +34,7 @@ def _reattach(trainer: Trainer, pl_module: TrainModule) -> None:
 class LearningRateFinder(Callback):
     """Run the learning-rate range test when fit starts, then train with its suggestion (`Tuner.lr_find`'s
     search, Lightning's arguments); `optimal_lr` holds the result (`.suggestion()`, `.results`, `.plot()`).
+    One process only (a search nested in a multi-process run is refused at setup).
 
     Example:
         ```python
@@ -55,6 +56,12 @@ class LearningRateFinder(Callback):
         self._mode, self._early_stop_threshold = mode, early_stop_threshold
         self._update_attr, self._attr_name = update_attr, attr_name
         self.optimal_lr: LRFinderResult | None = None
+
+    def setup(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
+        if stage == "fit" and trainer.world_size > 1:
+            raise MisconfigurationError(
+                "LearningRateFinder runs on one process here (Lightning's also runs under ddp): search on one device "
+                "(or with Tuner(trainer).lr_find(model) before fit), then train with the found rate on several.")
 
     def lr_find(self, trainer: Trainer, pl_module: TrainModule) -> None:
         """Run the search now (override `on_fit_start` and call this from another hook to search later)."""

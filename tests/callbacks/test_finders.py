@@ -171,4 +171,6 @@ def test_what_the_finders_cannot_do_is_refused():
         Trainer(max_steps=1, callbacks=[BatchSizeFinder()], **QUIET).fit(
             Net(), DataLoader(regression_data(), batch_size=2))
     with pytest.raises(MisconfigurationError, match="one process"):
+        LearningRateFinder().setup(Trainer(devices=2, accelerator="cpu", strategy="ddp"), Net(), "fit")
+    with pytest.raises(MisconfigurationError, match="one process"):
         BatchSizeFinder().setup(Trainer(devices=2, accelerator="cpu", strategy="ddp"), Net(), "fit")

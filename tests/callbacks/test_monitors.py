@@ -46,6 +46,9 @@ class _Body:
     def test_step(self, batch: Any, batch_idx: int) -> None:
         self.log("t", self.layer(batch[0]).sum())
 
+    def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.layer(batch[0])
+
     def configure_optimizers(self) -> Any:
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
@@ -109,7 +112,7 @@ def _throughput_rows(rows: list[tuple[int | None, dict[str, float]]]) -> list[tu
 
 def _check_counts(rows: list[tuple[int | None, dict[str, float]]]) -> None:
     for _, metrics in rows:
-        for stage in ("train", "validate", "test"):
+        for stage in ("train", "validate", "test", "predict"):
             if f"{stage}/batches" in metrics:
                 assert metrics[f"{stage}/samples"] == metrics[f"{stage}/batches"] * BATCH
                 assert metrics[f"{stage}/lengths"] == metrics[f"{stage}/samples"] * FEATURES
@@ -123,6 +126,7 @@ def _run(trainer: Any, model: Any) -> None:
     trainer.fit(model, _loader(), _loader(seed=1))
     trainer.validate(model, _loader(seed=1), verbose=False)
     trainer.test(model, _loader(seed=2), verbose=False)
+    trainer.predict(model, _loader(seed=3))
 
 
 @pytest.mark.parametrize("accumulate", [1, 2])
@@ -138,7 +142,8 @@ def test_throughput_monitor_logs_lightnings_names_at_lightnings_batches(accumula
     expected = [(stage, step + 1 if stage == "train" else step, names)
                 for stage, step, names in _throughput_rows(theirs.rows)]
     assert _throughput_rows(ours.rows) == expected
-    assert {"train/device/samples_per_sec", "validate/time", "test/lengths"} <= {k for *_, n in expected for k in n}
+    logged = {name for *_, names in expected for name in names}
+    assert {"train/device/samples_per_sec", "validate/time", "test/lengths", "predict/samples"} <= logged
     _check_counts(ours.rows)
     batches = [m["train/batches"] for _, m in ours.rows if "train/batches" in m]
     assert batches == [m["train/batches"] for _, m in theirs.rows if "train/batches" in m]
