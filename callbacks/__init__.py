@@ -2,7 +2,9 @@
 
 from callbacks.base import Callback
 from callbacks.checkpoint import ModelCheckpoint
+from callbacks.device_stats import DeviceStatsMonitor
 from callbacks.early_stopping import EarlyStopping
+from callbacks.finders import BatchSizeFinder, LearningRateFinder
 from callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from callbacks.gradient_accumulation import GradientAccumulationScheduler
 from callbacks.lambda_function import LambdaCallback
@@ -14,12 +16,14 @@ from callbacks.progress_base import ProgressBarBase
 from callbacks.rich_model_summary import RichModelSummary
 from callbacks.rich_progress import RichProgressBar, RichProgressBarTheme
 from callbacks.swa import StochasticWeightAveraging
+from callbacks.throughput_monitor import ThroughputMonitor
 from callbacks.timer import Timer
 from callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
 __all__ = [
-    "BackboneFinetuning", "BaseFinetuning", "Callback", "EMAWeightAveraging", "EarlyStopping",
-    "GradientAccumulationScheduler", "LambdaCallback", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary",
-    "OnExceptionCheckpoint", "ProgressBar", "ProgressBarBase", "RichModelSummary", "RichProgressBar",
-    "RichProgressBarTheme", "StochasticWeightAveraging", "Timer", "WeightAveraging",
+    "BackboneFinetuning", "BaseFinetuning", "BatchSizeFinder", "Callback", "DeviceStatsMonitor", "EMAWeightAveraging",
+    "EarlyStopping", "GradientAccumulationScheduler", "LambdaCallback", "LearningRateFinder", "LearningRateMonitor",
+    "ModelCheckpoint", "ModelSummary", "OnExceptionCheckpoint", "ProgressBar", "ProgressBarBase", "RichModelSummary",
+    "RichProgressBar", "RichProgressBarTheme", "StochasticWeightAveraging", "ThroughputMonitor", "Timer",
+    "WeightAveraging",
 ]

@@ -30,7 +30,7 @@ from trainer.position import LoopPosition
 from trainer.results import ResultCollection
 from trainer.run_setup import StageLoaders
 from trainer.schedule import FitSchedule
-from trainer.state import Progress, RunningStage
+from trainer.state import Progress, RunningStage, TrainerFn
 
 if TYPE_CHECKING:
     from trainer.resume import ResumePoint
@@ -133,6 +133,12 @@ class FitState:
             self.strategy.clip_gradients(optimizer, max_norm=value)
         else:
             self.strategy.clip_gradients(optimizer, max_value=value)
+
+    def reload_dataloaders(self) -> None:
+        """Build this run's loaders again from their sources, and the fit's schedule on the new batch counts."""
+        self.loaders.reload()
+        if self.trainer.state.fn == TrainerFn.FITTING:
+            self.schedule.start(self.loaders.num_train, bool(self.loaders.val), self.strategy.world_size)
 
     def eval_loaders(self, stage: RunningStage) -> tuple[list[Any], list[int | float]]:
         """The loaders an evaluation stage runs over, and how many batches of each (sanity: its few steps)."""

@@ -202,7 +202,6 @@ _EVAL_ACTION = {RunningStage.VALIDATING: "run_validation", RunningStage.SANITY_C
 def run_evaluation(loop: FitState, stage: RunningStage) -> list[dict[str, float]]:
     """Validation, sanity check or test over every eval loader; returns one metrics dict per loader."""
     s, prefix, state = loop.strategy, _PREFIX[stage], loop.trainer.state
-    loaders, limits = loop.eval_loaders(stage)
     module, mode = s.module, ModuleMode()
     previous_stage, state.stage = state.stage, stage
     with loop.using_results(loop.new_eval_results()) as results:
@@ -211,6 +210,7 @@ def run_evaluation(loop: FitState, stage: RunningStage) -> list[dict[str, float]
         mode.enter(module, prefix)  # on_{validation,test}_model_eval
         call_hook(loop, f"on_{prefix}_start")
         call_hook(loop, f"on_{prefix}_epoch_start")
+        loaders, limits = loop.eval_loaders(stage)  # after the start hooks: BatchSizeFinder may rebuild them
         many = len(loaders) > 1
         with loop.strategy.evaluation_context(_inference_mode(loop)), \
                 loop.trainer.profiler.action(_EVAL_ACTION[stage]):
@@ -291,14 +291,14 @@ def _split_by_loader(metrics: Mapping[str, float], count: int) -> list[dict[str,
 
 def run_predict(loop: FitState, return_predictions: bool = True) -> list[Any] | None:
     """Predict over every predict loader; returns predictions (a list per loader when several)."""
-    loaders, limits = loop.loaders.predict, loop.loaders.predict_limits
     module, mode = loop.strategy.module, ModuleMode()
     mode.enter(module, "predict")  # on_predict_model_eval
     loop.trainer.state.stage = RunningStage.PREDICTING
-    many = len(loaders) > 1
     all_predictions: list[list[Any]] = []
     call_hook(loop, "on_predict_start")
     call_hook(loop, "on_predict_epoch_start")
+    loaders, limits = loop.loaders.predict, loop.loaders.predict_limits  # after the hooks (BatchSizeFinder)
+    many = len(loaders) > 1
     with loop.strategy.evaluation_context(_inference_mode(loop)), loop.trainer.profiler.action("run_predict"):
         for dl_idx, (loader, limit) in enumerate(zip(loaders, limits, strict=True)):
             predictions: list[Any] = []

@@ -98,6 +98,12 @@ class MetricsRouter:
         for logger in self.loggers:
             logger.log_metrics(values, step=step)
 
+    def send_computed(self, values: dict[str, float], step: int) -> None:
+        """Send values a callback computed to the loggers and into `logged_metrics` (Lightning's
+        `trainer._logger_connector.log_metrics`, which ThroughputMonitor logs through); nothing without a logger."""
+        if self.loggers and values:
+            self._send(values, step)
+
     # --- updates from the loops -------------------------------------------------------------------
     def step_end(self, results: ResultCollection, batches_done: int, step: int, epoch: int) -> None:
         """After each training batch: send step values to the loggers when the cadence says so."""

@@ -118,10 +118,13 @@ class StageLoaders:
     test_limits: list[int | float] = field(default_factory=list)
     predict: list[Any] = field(default_factory=list)
     predict_limits: list[int | float] = field(default_factory=list)
+    given: dict[str, Any] = field(default_factory=dict)  # the loaders passed to the entry point (None: none)
+    _last: tuple[Any, ...] = ()
 
     def resolve(self, spec: RunSpec, strategy: Strategy, module: Any, datamodule: Any, fn: TrainerFn,
                 given: dict[str, Any]) -> None:
         """Resolve the loaders `fn` needs (arguments > datamodule > module hooks), samplers injected, limits applied."""
+        self.given, self._last = dict(given), (spec, strategy, module, datamodule, fn, given)
         sampler_kwargs = strategy.distributed_sampler_kwargs if spec.use_distributed_sampler else None
 
         def prepare(stage: str, training: bool) -> tuple[list[Any], list[int | float]]:
@@ -185,6 +188,12 @@ class StageLoaders:
         combined.flattened, combined.limits = prepared, limits
         self.train = TrainingBatches(combined)
         self.num_train = data.loader_length(self.train)
+
+    def reload(self) -> None:
+        """Resolve the current run's loaders again from the same sources (the hooks read the module's attributes
+        anew: a batch size the BatchSizeFinder set takes effect, as after Lightning's search)."""
+        if self._last:
+            self.resolve(*self._last)
 
 
 def _require(loaders: list[Any], fn: str, hook: str) -> None:
