@@ -17,13 +17,8 @@ from torch import Tensor
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
-from strategies.exceptions import ConfigError
+from trainer.loader_rebuild import ShardedSampler, index_sampler, rebuild_loader
 from trainer.seed import SEED_ENV
-
-# The plain DataLoader arguments we carry over when re-building a loader around a new sampler.
-_LOADER_ARGS = ("batch_size", "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout",
-                "worker_init_fn", "multiprocessing_context", "generator", "prefetch_factor",
-                "persistent_workers", "pin_memory_device", "in_order")
 
 
 class UnpaddedDistributedSampler(Sampler[int]):
@@ -126,54 +121,44 @@ class ResumableSampler(Sampler[int]):
 _DEFAULT_SAMPLERS = (RandomSampler, SequentialSampler, DistributedSampler)
 
 
-def _plain_sampler(loader: DataLoader) -> Sampler[int] | None:
-    """The sampler of a loader we may re-build around another one; None when the loader is not ours to re-build."""
+def _plain(loader: DataLoader) -> bool:
+    """A DataLoader with a default sampler and batching, that a single-process run re-builds for resume."""
     # A batch sampler the user built (even a plain BatchSampler) is theirs: re-building would drop it.
     sampler, batches = loader.sampler, loader.batch_sampler
-    plain = type(loader) is DataLoader and type(sampler) in _DEFAULT_SAMPLERS and (
+    return type(loader) is DataLoader and type(sampler) in _DEFAULT_SAMPLERS and (
         batches is None or (type(batches) is BatchSampler and batches.sampler is sampler)
     )
-    return sampler if plain and isinstance(sampler, Sampler) else None
 
 
-def _rebuild(loader: DataLoader, sampler: Sampler[int]) -> DataLoader:
-    kwargs = {name: getattr(loader, name) for name in _LOADER_ARGS if hasattr(loader, name)}
-    if kwargs.get("num_workers", 0) == 0:
-        kwargs.pop("prefetch_factor", None)
-        kwargs["persistent_workers"] = False
-    return DataLoader(loader.dataset, sampler=sampler, **kwargs)
+def _sharded(loader: DataLoader, sampler: Any, kwargs: dict[str, Any], training: bool) -> Sampler[int]:
+    """This rank's sampler, as Lightning picks it: for the default samplers a DistributedSampler over the dataset
+    (shuffled when the loader shuffled; evaluation unpadded), for any other sampler a shard of its own order."""
+    if isinstance(sampler, (RandomSampler, SequentialSampler)):
+        if not training:
+            return UnpaddedDistributedSampler(loader.dataset, **kwargs)
+        seed = int(os.environ.get(SEED_ENV, 0))
+        return DistributedSampler(loader.dataset, shuffle=isinstance(sampler, RandomSampler), seed=seed, **kwargs)
+    return ShardedSampler(sampler, pad=training, **kwargs)
 
 
 def prepare_loader(loader: Iterable, sampler_kwargs: dict[str, Any] | None, training: bool) -> Iterable:
-    """Re-build a plain DataLoader around the sampler this run needs.
+    """Re-build a DataLoader around the sampler this run needs.
 
-    Training: a ResumableSampler around the loader's own sampler, or around a DistributedSampler
-    (keeping shuffle, seeded by seed_everything) when the strategy shards data. Evaluation and
-    prediction: sharded without padding or shuffling when the strategy shards data, else untouched.
-    Loaders that cannot be re-built are kept as they are, unless sharding is required: then a clear
-    error names `use_distributed_sampler=False`.
+    When the strategy shards data, every DataLoader gets this rank's sampler (trainer/loader_rebuild.py re-creates
+    subclasses and custom batch samplers with their own arguments); one with a DistributedSampler already is left
+    as it is. Training wraps the sampler in a ResumableSampler (bit-exact mid-epoch resume). A single-process run
+    re-builds only plain DataLoaders, for training; everything else is left untouched.
     """
     if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
         return loader
-    sampler = _plain_sampler(loader)
-    if sampler is None:
-        if sampler_kwargs is not None and not isinstance(loader.sampler, DistributedSampler):
-            raise ConfigError(
-                f"cannot add a DistributedSampler to {type(loader).__name__} with {type(loader.sampler).__name__}: "
-                "only plain DataLoaders with the default samplers are re-built. Shard the data yourself and pass "
-                "Trainer(use_distributed_sampler=False)."
-            )
+    inner = index_sampler(loader)
+    if sampler_kwargs is not None and not isinstance(inner, DistributedSampler):
+        sampler = _sharded(loader, inner, sampler_kwargs, training)
+    elif training and _plain(loader):
+        sampler = inner
+    else:
         return loader
-    if sampler_kwargs is not None and not isinstance(sampler, DistributedSampler):
-        if training:
-            seed = int(os.environ.get(SEED_ENV, 0))
-            sampler = DistributedSampler(loader.dataset, shuffle=isinstance(sampler, RandomSampler), seed=seed,
-                                         **sampler_kwargs)
-        else:
-            sampler = UnpaddedDistributedSampler(loader.dataset, **sampler_kwargs)
-    elif not training:
-        return loader
-    return _rebuild(loader, ResumableSampler(sampler, [loader.generator]) if training else sampler)
+    return rebuild_loader(loader, ResumableSampler(sampler, [loader.generator]) if training else sampler)
 
 
 class ResumableSamplers:
