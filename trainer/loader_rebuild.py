@@ -89,9 +89,12 @@ def reinstantiate(obj: Any, given: dict[str, Any], what: str) -> Any:
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     named = {p.name: p for p in params if p.kind in kinds}
     call: dict[str, Any] = {}
+    batching = ("batch_size", "shuffle", "sampler", "drop_last") if "batch_sampler" in given else ()
     for name, param in named.items():
         if name in given:
             call[name] = given[name]
+        elif name in batching:
+            continue  # the batch sampler does the batching; DataLoader refuses these beside it
         elif name == "shuffle" and ("sampler" in given or "batch_sampler" in given):
             call[name] = False  # the new sampler decides the order (and DataLoader refuses both)
         elif hasattr(obj, name):

@@ -158,7 +158,9 @@ def prepare_loader(loader: Iterable, sampler_kwargs: dict[str, Any] | None, trai
         sampler = inner
     else:
         return loader
-    return rebuild_loader(loader, ResumableSampler(sampler, [loader.generator]) if training else sampler)
+    if training and not is_stateful(loader):  # a stateful loader resumes through its own state
+        sampler = ResumableSampler(sampler, [loader.generator])
+    return rebuild_loader(loader, sampler)
 
 
 class ResumableSamplers:
@@ -198,6 +200,41 @@ class ResumableSamplers:
                 sampler.begin_epoch(state)
 
 
-def resumable_sampler(loader: Any) -> ResumableSampler | ResumableSamplers | None:
+def is_stateful(loader: Any) -> bool:
+    """A loader that saves and restores its own position (torchdata's StatefulDataLoader, or any with both)."""
+    return callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
+
+
+class LoaderState:
+    """A stateful training loader seen through the sampler interface resume uses: its state is its own
+    `state_dict()` (taken before every fetch, so a checkpoint inside a step can roll back to it), and a
+    mid-epoch resume loads it and goes on iterating (`replays_by_state`), skipping and re-reading nothing."""
+
+    replays_by_state = True
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    @property
+    def epoch_state(self) -> dict[str, Any]:
+        return {"loader": self.loader.state_dict()}
+
+    def generator_states(self) -> list[Any]:
+        return []
+
+    def set_generator_states(self, states: list[Any]) -> None:
+        """Nothing: the loader's state holds its generators."""
+
+    def keep_run_seed(self, epoch_state: dict[str, Any]) -> None:
+        """Nothing: the loader's state holds its seeds."""
+
+    def begin_epoch(self, replay: dict[str, Any] | None = None, skip: int = 0) -> None:
+        if replay and "loader" in replay:
+            self.loader.load_state_dict(replay["loader"])
+
+
+def resumable_sampler(loader: Any) -> ResumableSampler | ResumableSamplers | LoaderState | None:
+    if is_stateful(loader):
+        return LoaderState(loader)
     sampler = getattr(loader, "sampler", None)
     return sampler if isinstance(sampler, (ResumableSampler, ResumableSamplers)) else None
