@@ -44,6 +44,51 @@ class UnpaddedDistributedSampler(Sampler[int]):
         return len(range(self.rank, self.length, self.num_replicas))
 
 
+class IndexRecorder(Sampler[int]):
+    """Wraps a predict loader's sampler and keeps the dataset indices it gave out in this pass.
+
+    The loader's BatchSampler takes them in order, `batch_size` at a time, so batch k holds positions
+    k*batch_size .. (k+1)*batch_size - 1 of what was given out, however far ahead the workers prefetch. This is
+    what `BasePredictionWriter` receives as `batch_indices`, and how predictions from several ranks are put back
+    into the dataset's order.
+    """
+
+    def __init__(self, inner: Sampler[int], batch_size: int) -> None:
+        self.inner, self.batch_size = inner, batch_size
+        self.seen: list[int] = []
+
+    def __iter__(self) -> Iterator[int]:
+        self.seen = []
+        return self._record(iter(self.inner))
+
+    def _record(self, indices: Iterator[int]) -> Iterator[int]:
+        for index in indices:
+            self.seen.append(int(index))
+            yield index
+
+    def __len__(self) -> int:
+        if not isinstance(self.inner, Sized):
+            raise TypeError(f"{type(self.inner).__name__} has no length")
+        return len(self.inner)
+
+    def batch_indices(self, batch_idx: int) -> list[int]:
+        """The dataset indices of batch `batch_idx` of this pass."""
+        return self.seen[batch_idx * self.batch_size:(batch_idx + 1) * self.batch_size]
+
+
+def record_indices(loader: Iterable) -> Iterable:
+    """A plain DataLoader over a map-style dataset, re-built so its sampler records the indices of every batch;
+    any other loader (DataLoader subclass, custom batch sampler, iterable dataset, no batching) as it is."""
+    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+        return loader
+    batches = loader.batch_sampler
+    if type(loader) is not DataLoader or type(batches) is not BatchSampler or batches.sampler is not loader.sampler:
+        return loader
+    if isinstance(loader.sampler, IndexRecorder) or not isinstance(loader.batch_size, int):
+        return loader
+    return _rebuild(loader, IndexRecorder(loader.sampler, loader.batch_size))
+
+
 class ResumableSampler(Sampler[int]):
     """Wraps a training sampler; records what fixes each epoch's order and can replay it from a position.
 
