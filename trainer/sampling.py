@@ -17,6 +17,7 @@ from torch import Tensor
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
+from strategies.distributed import rank_zero_warn
 from strategies.exceptions import ConfigError
 from trainer.seed import SEED_ENV
 
@@ -77,16 +78,19 @@ class IndexRecorder(Sampler[int]):
 
 
 def record_indices(loader: Iterable) -> Iterable:
-    """A plain DataLoader over a map-style dataset, re-built so its sampler records the indices of every batch;
-    any other loader (DataLoader subclass, custom batch sampler, iterable dataset, no batching) as it is."""
+    """A predict loader: a plain DataLoader over a map-style dataset is re-built so its sampler records the indices
+    of every batch, with `drop_last=False` (Lightning's rule: every sample gets a prediction); any other loader
+    (DataLoader subclass, custom batch sampler, iterable dataset, no batching) is kept as it is."""
     if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
         return loader
     batches = loader.batch_sampler
-    if type(loader) is not DataLoader or type(batches) is not BatchSampler or batches.sampler is not loader.sampler:
+    if type(loader) is not DataLoader or type(batches) is not BatchSampler or batches.sampler is not loader.sampler \
+            or isinstance(loader.sampler, IndexRecorder) or not isinstance(loader.batch_size, int):
+        if loader.drop_last:
+            rank_zero_warn(f"the predict loader ({type(loader).__name__}) drops its last incomplete batch and cannot "
+                           "be re-built with drop_last=False: some samples get no prediction.")
         return loader
-    if isinstance(loader.sampler, IndexRecorder) or not isinstance(loader.batch_size, int):
-        return loader
-    return _rebuild(loader, IndexRecorder(loader.sampler, loader.batch_size))
+    return _rebuild(loader, IndexRecorder(loader.sampler, loader.batch_size), drop_last=False)
 
 
 class ResumableSampler(Sampler[int]):
@@ -181,8 +185,9 @@ def _plain_sampler(loader: DataLoader) -> Sampler[int] | None:
     return sampler if plain and isinstance(sampler, Sampler) else None
 
 
-def _rebuild(loader: DataLoader, sampler: Sampler[int]) -> DataLoader:
+def _rebuild(loader: DataLoader, sampler: Sampler[int], **overrides: Any) -> DataLoader:
     kwargs = {name: getattr(loader, name) for name in _LOADER_ARGS if hasattr(loader, name)}
+    kwargs.update(overrides)
     if kwargs.get("num_workers", 0) == 0:
         kwargs.pop("prefetch_factor", None)
         kwargs["persistent_workers"] = False
