@@ -220,7 +220,7 @@ def _like(template: Any, values: Any) -> Any:
     namedtuple); a mapping whose type cannot be built from a dict comes back as a dict."""
     if isinstance(template, Mapping):
         try:
-            return type(template)(values)
+            return type(template)(values)  # type: ignore[call-arg]
         except TypeError:
             return dict(values)
     if hasattr(template, "_fields"):
@@ -230,7 +230,9 @@ def _like(template: Any, values: Any) -> Any:
 
 def _interleave(batches: list[tuple[list[int], Any]], dataloader_idx: int) -> list[Any]:
     """Per-batch predictions in the order of each batch's first sample; a batch seen on an earlier rank is dropped."""
-    kept, taken, seen = [], set(), set()
+    kept: list[Any] = []
+    taken: set[tuple[int, ...]] = set()
+    seen: set[int] = set()
     for indices, prediction in sorted(batches, key=lambda batch: batch[0][0] if batch[0] else -1):
         key = tuple(indices)
         if key in taken:

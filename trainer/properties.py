@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 
     from trainer.fit_state import FitState
     from trainer.metrics import MetricsRouter
-    from trainer.predictions import PredictLoop
     from trainer.optim import SchedulerConfig
+    from trainer.predictions import PredictLoop
 
 
 class TrainerProperties:

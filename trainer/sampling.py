@@ -90,7 +90,9 @@ def record_indices(loader: Iterable) -> Iterable:
             rank_zero_warn(f"the predict loader ({type(loader).__name__}) drops its last incomplete batch and cannot "
                            "be re-built with drop_last=False: some samples get no prediction.")
         return loader
-    return _rebuild(loader, IndexRecorder(loader.sampler, loader.batch_size), drop_last=False)
+    sampler = loader.sampler
+    assert isinstance(sampler, Sampler)  # a plain DataLoader with a BatchSampler over it: a Sampler of its own
+    return _rebuild(loader, IndexRecorder(sampler, loader.batch_size), drop_last=False)
 
 
 class ResumableSampler(Sampler[int]):

@@ -70,7 +70,7 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and torch.equal(a, b)
     if isinstance(a, (list, tuple)):
-        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     return a == b
 
 
@@ -132,7 +132,7 @@ def test_a_loader_that_cannot_name_its_samples_gives_empty_indices_and_a_warning
     assert [b[1] for b in writer.batches] == [[], []]
 
 
-# --- 2 ranks: per-rank files -------------------------------------------------------------------------------------------
+# --- 2 ranks: per-rank files --------------------------------------------------------------------------------------
 class FileWriter(BasePredictionWriter):
     def __init__(self, folder: Path) -> None:
         super().__init__("batch_and_epoch")
@@ -171,7 +171,8 @@ def test_per_rank_files_of_two_ranks_hold_every_sample_once(tmp_path: Path):
             shard = list(range(rank, length, 2))  # rank r predicts samples r, r+2, ...
             files = sorted(tmp_path.glob(f"rank{rank}_loader{loader}_batch*.pt"))
             saved = [torch.load(path, weights_only=True) for path in files]
-            assert [s["indices"] for s in saved] == [shard[k:k + batch_size] for k in range(0, len(shard), batch_size)]
+            batches = [shard[k:k + batch_size] for k in range(0, len(shard), batch_size)]
+            assert [s["indices"] for s in saved] == batches
             epoch = torch.load(tmp_path / f"rank{rank}_epoch.pt", weights_only=True)
             assert epoch["indices"][loader] == [s["indices"] for s in saved]
             for s in saved:

@@ -139,7 +139,7 @@ def test_per_batch_objects_come_back_in_the_order_of_their_first_sample_and_unkn
         assert "return_predictions=False" in out["iterable"] and out["iterable_unreturned"] is None
 
 
-# --- the re-ordering on its own (no processes) ------------------------------------------------------------------------
+# --- the re-ordering on its own (no processes) ---------------------------------------------------------------------
 def _shard(rank: int, world: int, length: int, batch: int, fn: Any = lambda i: torch.tensor([[float(i)]])) -> Any:
     indices = list(range(rank, length, world))
     batches = [indices[k:k + batch] for k in range(0, len(indices), batch)]
