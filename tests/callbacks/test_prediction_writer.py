@@ -148,9 +148,13 @@ class FileWriter(BasePredictionWriter):
                    self.folder / f"rank{trainer.global_rank}_epoch.pt")
 
 
-def _writing_rank(rank: int, folder: Path) -> None:
+def _writing_rank(rank: int, folder: Path) -> list[int]:
     trainer = Trainer(callbacks=[FileWriter(folder)], **{**QUIET, "devices": 2}, strategy="ddp")
     assert trainer.predict(Net(), _loaders("two"), return_predictions=False) is None
+    (folder / "default").mkdir(exist_ok=True)
+    trainer = Trainer(callbacks=[FileWriter(folder / "default")], **{**QUIET, "devices": 2}, strategy="ddp")
+    returned = trainer.predict(Net(), _loaders("two"))  # Lightning's default under ddp, writer or not: returned
+    return [sum(len(batch) for batch in loader) for loader in returned]
 
 
 def _by_index(indices: list[list[int]], predictions: list[torch.Tensor]) -> dict[int, torch.Tensor]:
@@ -160,7 +164,7 @@ def _by_index(indices: list[list[int]], predictions: list[torch.Tensor]) -> dict
 @pytest.mark.distributed
 @pytest.mark.timeout(120)
 def test_per_rank_files_of_two_ranks_hold_every_sample_once(tmp_path: Path):
-    run_distributed(_writing_rank, tmp_path, timeout=100)
+    assert run_distributed(_writing_rank, tmp_path, timeout=100) == [[7, 5], [7, 5]]  # each rank: all samples
     writer = _writer_class(BasePredictionWriter)("epoch")
     Trainer(callbacks=[writer], **QUIET).predict(Net(), _loaders("two"))
     (single_predictions, single_indices), = writer.epochs

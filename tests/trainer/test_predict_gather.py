@@ -107,6 +107,14 @@ def test_two_ranks_return_exactly_what_one_process_returns(strategy: str):
         _assert_same(rank, single)
 
 
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_ddp_spawn_returns_the_gathered_predictions_to_the_launching_process():
+    # Lightning returns None by default under ddp_spawn and refuses return_predictions=True
+    spawned = Trainer(**{**QUIET, "devices": 2}, strategy="ddp_spawn").predict(Exact("dict"), _loaders((7, 5), (3, 2)))
+    _assert_same(spawned, Trainer(**QUIET).predict(Exact("dict"), _loaders((7, 5), (3, 2))))
+
+
 def _per_batch_and_refusals(rank: int) -> dict[str, Any]:
     trainer = Trainer(**{**QUIET, "devices": 2}, strategy="ddp")
     calls = []
