@@ -121,6 +121,20 @@ def test_a_writer_without_the_write_method_it_needs_fails_clearly():
         Trainer(callbacks=[BasePredictionWriter("epoch")], **QUIET).predict(Net(), _loaders("one"))
 
 
+def test_batch_indices_name_the_samples_of_the_batch_while_workers_prefetch():
+    class Checks(BasePredictionWriter):
+        def write_on_batch_end(self, trainer: Any, pl_module: Any, prediction: Any, batch_indices: Any, batch: Any,
+                               batch_idx: int, dataloader_idx: int) -> None:
+            assert batch[0][:, 0].div(2).long().tolist() == list(batch_indices)  # sample i is (2i, 2i + 1)
+            self.seen = [*getattr(self, "seen", []), *batch_indices]
+
+    writer = Checks()
+    loader = DataLoader(_data(23), batch_size=3, shuffle=True, num_workers=2, prefetch_factor=4,
+                        generator=torch.Generator().manual_seed(0))
+    Trainer(callbacks=[writer], **QUIET).predict(Net(), loader, return_predictions=False)
+    assert sorted(writer.seen) == list(range(23)) and writer.seen != sorted(writer.seen)
+
+
 class Subclassed(DataLoader):
     pass
 
