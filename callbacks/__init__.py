@@ -11,6 +11,7 @@ from callbacks.lambda_function import LambdaCallback
 from callbacks.lr_monitor import LearningRateMonitor
 from callbacks.model_summary import ModelSummary
 from callbacks.on_exception_checkpoint import OnExceptionCheckpoint
+from callbacks.prediction_writer import BasePredictionWriter
 from callbacks.progress import ProgressBar
 from callbacks.progress_base import ProgressBarBase
 from callbacks.rich_model_summary import RichModelSummary
@@ -21,9 +22,10 @@ from callbacks.timer import Timer
 from callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
 __all__ = [
-    "BackboneFinetuning", "BaseFinetuning", "BatchSizeFinder", "Callback", "DeviceStatsMonitor", "EMAWeightAveraging",
-    "EarlyStopping", "GradientAccumulationScheduler", "LambdaCallback", "LearningRateFinder", "LearningRateMonitor",
-    "ModelCheckpoint", "ModelSummary", "OnExceptionCheckpoint", "ProgressBar", "ProgressBarBase", "RichModelSummary",
-    "RichProgressBar", "RichProgressBarTheme", "StochasticWeightAveraging", "ThroughputMonitor", "Timer",
+    "BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter", "BatchSizeFinder", "Callback",
+    "DeviceStatsMonitor", "EMAWeightAveraging", "EarlyStopping", "GradientAccumulationScheduler", "LambdaCallback",
+    "LearningRateFinder", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary", "OnExceptionCheckpoint",
+    "ProgressBar", "ProgressBarBase", "RichModelSummary", "RichProgressBar", "RichProgressBarTheme",
+    "StochasticWeightAveraging", "ThroughputMonitor", "Timer",
     "WeightAveraging",
 ]

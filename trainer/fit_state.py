@@ -27,6 +27,7 @@ from trainer.hooks import HookDispatcher
 from trainer.metrics import MetricsRouter
 from trainer.optim import SchedulerConfig, SchedulerStepper
 from trainer.position import LoopPosition
+from trainer.predictions import PredictLoop
 from trainer.results import ResultCollection
 from trainer.run_setup import StageLoaders
 from trainer.schedule import FitSchedule
@@ -68,6 +69,7 @@ class FitState:
         launcher_pid: the process that built the Trainer; a rank in another one (spawn) sends its outcome back.
         transfer: the batch-transfer hooks (trainer/batch_transfer.py), picked once per run.
         no_batch_idx: the step methods whose signature takes no `batch_idx` (trainer/step_signature.py).
+        predict_loop: what predict keeps: predictions and the batches' dataset indices (trainer/predictions.py).
     """
 
     trainer: Trainer
@@ -95,6 +97,7 @@ class FitState:
     launcher_pid: int = field(default_factory=os.getpid)
     transfer: BatchTransfer = field(default_factory=BatchTransfer)
     no_batch_idx: frozenset[str] = frozenset()
+    predict_loop: PredictLoop = field(default_factory=PredictLoop)
 
     @contextmanager
     def using_results(self, results: ResultCollection) -> Iterator[ResultCollection]:

@@ -290,33 +290,31 @@ def _split_by_loader(metrics: Mapping[str, float], count: int) -> list[dict[str,
 
 
 def run_predict(loop: FitState, return_predictions: bool = True) -> list[Any] | None:
-    """Predict over every predict loader; returns predictions (a list per loader when several)."""
-    module, mode = loop.strategy.module, ModuleMode()
+    """Predict over every predict loader; returns predictions (a list per loader when several), on every rank
+    those of all ranks in the data set's order; None with `return_predictions=False`."""
+    module, mode, kept = loop.strategy.module, ModuleMode(), loop.predict_loop
     mode.enter(module, "predict")  # on_predict_model_eval
     loop.trainer.state.stage = RunningStage.PREDICTING
-    all_predictions: list[list[Any]] = []
     call_hook(loop, "on_predict_start")
     call_hook(loop, "on_predict_epoch_start")
     loaders, limits = loop.loaders.predict, loop.loaders.predict_limits  # after the hooks (BatchSizeFinder)
+    kept.start(loaders, return_predictions, loop.trainer.callbacks, loop.strategy.world_size)
     many = len(loaders) > 1
     with loop.strategy.evaluation_context(_inference_mode(loop)), loop.trainer.profiler.action("run_predict"):
         for dl_idx, (loader, limit) in enumerate(zip(loaders, limits, strict=True)):
-            predictions: list[Any] = []
             extra = (dl_idx,) if many else ()
             for batch_idx, batch, _ in data.iterate(loader, limit):
+                kept.batch_fetched(dl_idx, batch_idx)  # the batch's dataset indices, for prediction writers
                 batch = loop.to_device(batch, dl_idx)
                 call_hook(loop, "on_predict_batch_start", batch, batch_idx, *extra)
                 out = loop.run_step("predict_step", batch, batch_idx, *extra)
                 call_hook(loop, "on_predict_batch_end", out, batch, batch_idx, *extra)
-                if return_predictions:
-                    predictions.append(out)
-            all_predictions.append(predictions)
+                kept.add(dl_idx, out)
     call_hook(loop, "on_predict_epoch_end")
+    kept.end()
     call_hook(loop, "on_predict_end")
     mode.leave(module, "predict")
-    if not return_predictions:
-        return None
-    return all_predictions if many else (all_predictions[0] if all_predictions else [])
+    return kept.result(loop.strategy)  # every rank's predictions in the data set's order (trainer/predictions.py)
 
 
 def _inference_mode(loop: FitState) -> bool:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from trainer.fit_state import FitState
     from trainer.metrics import MetricsRouter
     from trainer.optim import SchedulerConfig
+    from trainer.predictions import PredictLoop
 
 
 class TrainerProperties:
@@ -250,6 +251,12 @@ class TrainerProperties:
     def num_predict_batches(self) -> list[int | float]:
         """Predict batches per loader after `limit_predict_batches`."""
         return list(self.fit_state.loaders.predict_limits)
+
+    @property
+    def predict_loop(self) -> PredictLoop:
+        """The predict run's predictions and batch indices, as a `BasePredictionWriter` reads them (Lightning's
+        `trainer.predict_loop`: `predictions`, `current_batch_indices`, `epoch_batch_indices`, `return_predictions`)."""
+        return self.fit_state.predict_loop
 
     @property
     def validating(self) -> bool:

@@ -16,7 +16,7 @@ from trainer import data
 from trainer.combined_loader import MODES, CombinedLoader, TrainingBatches
 from trainer.flags import RunSpec
 from trainer.loggers.base import run_folder
-from trainer.sampling import prepare_loader
+from trainer.sampling import prepare_loader, record_indices
 from trainer.seed import seed_workers_of
 from trainer.state import TrainerFn
 
@@ -130,6 +130,8 @@ class StageLoaders:
         def prepare(stage: str, training: bool) -> tuple[list[Any], list[int | float]]:
             loaders = data.resolve_loaders(stage, given.get(stage), datamodule, module)
             loaders = [prepare_loader(dl, sampler_kwargs, training) for dl in loaders]
+            if stage == "predict":  # so writers and the gather across ranks know each batch's samples
+                loaders = [record_indices(dl) for dl in loaders]
             for loader in loaders:
                 seed_workers_of(loader, strategy.global_rank)
             limit = getattr(spec, f"limit_{stage}_batches")

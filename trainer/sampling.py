@@ -17,7 +17,8 @@ from torch import Tensor
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
-from trainer.loader_rebuild import ShardedSampler, index_sampler, rebuild_loader
+from strategies.distributed import rank_zero_warn
+from trainer.loader_rebuild import LOADER_ARGS, ShardedSampler, index_sampler, rebuild_loader
 from trainer.seed import SEED_ENV
 
 
@@ -37,6 +38,56 @@ class UnpaddedDistributedSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return len(range(self.rank, self.length, self.num_replicas))
+
+
+class IndexRecorder(Sampler[int]):
+    """Wraps a predict loader's sampler and keeps the dataset indices it gave out in this pass.
+
+    The loader's BatchSampler takes them in order, `batch_size` at a time, so batch k holds positions
+    k*batch_size .. (k+1)*batch_size - 1 of what was given out, however far ahead the workers prefetch. This is
+    what `BasePredictionWriter` receives as `batch_indices`, and how predictions from several ranks are put back
+    into the dataset's order.
+    """
+
+    def __init__(self, inner: Sampler[int], batch_size: int) -> None:
+        self.inner, self.batch_size = inner, batch_size
+        self.seen: list[int] = []
+
+    def __iter__(self) -> Iterator[int]:
+        self.seen = []
+        return self._record(iter(self.inner))
+
+    def _record(self, indices: Iterator[int]) -> Iterator[int]:
+        for index in indices:
+            self.seen.append(int(index))
+            yield index
+
+    def __len__(self) -> int:
+        if not isinstance(self.inner, Sized):
+            raise TypeError(f"{type(self.inner).__name__} has no length")
+        return len(self.inner)
+
+    def batch_indices(self, batch_idx: int) -> list[int]:
+        """The dataset indices of batch `batch_idx` of this pass."""
+        return self.seen[batch_idx * self.batch_size:(batch_idx + 1) * self.batch_size]
+
+
+def record_indices(loader: Iterable) -> Iterable:
+    """A predict loader: a plain DataLoader over a map-style dataset is re-built so its sampler records the indices
+    of every batch, with `drop_last=False` (Lightning's rule: every sample gets a prediction); any other loader
+    (DataLoader subclass, custom batch sampler, iterable dataset, no batching) is kept as it is."""
+    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+        return loader
+    batches = loader.batch_sampler
+    if type(loader) is not DataLoader or type(batches) is not BatchSampler or batches.sampler is not loader.sampler \
+            or isinstance(loader.sampler, IndexRecorder) or not isinstance(loader.batch_size, int):
+        if loader.drop_last:
+            rank_zero_warn(f"the predict loader ({type(loader).__name__}) drops its last incomplete batch and cannot "
+                           "be re-built with drop_last=False: some samples get no prediction.")
+        return loader
+    sampler = loader.sampler
+    assert isinstance(sampler, Sampler)  # a plain DataLoader with a BatchSampler over it: a Sampler of its own
+    return _rebuild(loader, IndexRecorder(sampler, loader.batch_size), drop_last=False)
 
 
 class ResumableSampler(Sampler[int]):
@@ -139,6 +190,15 @@ def _sharded(loader: DataLoader, sampler: Any, kwargs: dict[str, Any], training:
         seed = int(os.environ.get(SEED_ENV, 0))
         return DistributedSampler(loader.dataset, shuffle=isinstance(sampler, RandomSampler), seed=seed, **kwargs)
     return ShardedSampler(sampler, pad=training, **kwargs)
+
+
+def _rebuild(loader: DataLoader, sampler: Sampler[int], **overrides: Any) -> DataLoader:
+    kwargs = {name: getattr(loader, name) for name in LOADER_ARGS if hasattr(loader, name)}
+    kwargs.update(overrides)
+    if kwargs.get("num_workers", 0) == 0:
+        kwargs.pop("prefetch_factor", None)
+        kwargs["persistent_workers"] = False
+    return DataLoader(loader.dataset, sampler=sampler, **kwargs)
 
 
 def prepare_loader(loader: Iterable, sampler_kwargs: dict[str, Any] | None, training: bool) -> Iterable:
