@@ -129,7 +129,8 @@ class StageLoaders:
 
         def prepare(stage: str, training: bool) -> tuple[list[Any], list[int | float]]:
             loaders = data.resolve_loaders(stage, given.get(stage), datamodule, module)
-            loaders = [prepare_loader(dl, sampler_kwargs, training) for dl in loaders]
+            even = strategy.evaluation_shards_even
+            loaders = [prepare_loader(dl, sampler_kwargs, training, even) for dl in loaders]
             if stage == "predict":  # so writers and the gather across ranks know each batch's samples
                 loaders = [record_indices(dl) for dl in loaders]
             for loader in loaders:

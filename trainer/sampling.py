@@ -181,15 +181,18 @@ def _plain(loader: DataLoader) -> bool:
     )
 
 
-def _sharded(loader: DataLoader, sampler: Any, kwargs: dict[str, Any], training: bool) -> Sampler[int]:
+def _sharded(loader: DataLoader, sampler: Any, kwargs: dict[str, Any], training: bool, even: bool) -> Sampler[int]:
     """This rank's sampler, as Lightning picks it: for the default samplers a DistributedSampler over the dataset
-    (shuffled when the loader shuffled; evaluation unpadded), for any other sampler a shard of its own order."""
+    (shuffled when the loader shuffled), for any other sampler a shard of its own order. Evaluation is unpadded
+    (every sample counts once) unless `even`: then every rank gets as many samples, a few counted twice, because
+    the strategy's forward is a collective that every rank must join as often (ZeRO-3)."""
     if isinstance(sampler, (RandomSampler, SequentialSampler)):
-        if not training:
+        if not training and not even:
             return UnpaddedDistributedSampler(loader.dataset, **kwargs)
         seed = int(os.environ.get(SEED_ENV, 0))
-        return DistributedSampler(loader.dataset, shuffle=isinstance(sampler, RandomSampler), seed=seed, **kwargs)
-    return ShardedSampler(sampler, pad=training, **kwargs)
+        shuffle = training and isinstance(sampler, RandomSampler)
+        return DistributedSampler(loader.dataset, shuffle=shuffle, seed=seed, **kwargs)
+    return ShardedSampler(sampler, pad=training or even, **kwargs)
 
 
 def _rebuild(loader: DataLoader, sampler: Sampler[int], **overrides: Any) -> DataLoader:
@@ -201,7 +204,8 @@ def _rebuild(loader: DataLoader, sampler: Sampler[int], **overrides: Any) -> Dat
     return DataLoader(loader.dataset, sampler=sampler, **kwargs)
 
 
-def prepare_loader(loader: Iterable, sampler_kwargs: dict[str, Any] | None, training: bool) -> Iterable:
+def prepare_loader(loader: Iterable, sampler_kwargs: dict[str, Any] | None, training: bool,
+                   even: bool = False) -> Iterable:
     """Re-build a DataLoader around the sampler this run needs.
 
     When the strategy shards data, every DataLoader gets this rank's sampler (trainer/loader_rebuild.py re-creates
@@ -213,7 +217,7 @@ def prepare_loader(loader: Iterable, sampler_kwargs: dict[str, Any] | None, trai
         return loader
     inner = index_sampler(loader)
     if sampler_kwargs is not None and not isinstance(inner, DistributedSampler):
-        sampler = _sharded(loader, inner, sampler_kwargs, training)
+        sampler = _sharded(loader, inner, sampler_kwargs, training, even)
     elif training and _plain(loader):
         sampler = inner
     else:
