@@ -64,3 +64,17 @@ def test_public_names_import():
     from strategies import SingleDeviceStrategy, Strategy  # noqa: F401
     from trainer import DataModule, Trainer, TrainModule, rank_zero_only, seed_everything  # noqa: F401
     from trainer.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger  # noqa: F401
+
+
+def test_callbacks_names_load_on_first_use():
+    """`callbacks` imports each name's module when it is first used: every exported name resolves, and importing one
+    callback loads no other callback module (time to first step)."""
+    code = ("import sys, callbacks; from callbacks import Timer; import callbacks.base; "
+            "print(sorted(m for m in sys.modules if m.startswith('callbacks.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['callbacks.base', 'callbacks.timer']"
+    import callbacks
+
+    assert callbacks.__all__ == sorted(callbacks.__all__) and set(dir(callbacks)) >= set(callbacks.__all__)
+    for name in callbacks.__all__:
+        assert getattr(callbacks, name).__name__ == name
