@@ -53,7 +53,7 @@ def compile_forward(module: nn.Module, compiler: Compiler) -> None:
         )
     compiled = compiler(type(module).forward)
     compiled.__dict__[_MARK] = True
-    module.forward = types.MethodType(compiled, module)  # type: ignore[method-assign]
+    module.forward = types.MethodType(compiled, module)
 
 
 def restore_forward(module: nn.Module) -> None:
