@@ -88,9 +88,12 @@ def runs() -> dict[str, Any]:
     seed_everything(0)
     eager = Net()
     eager_trainer = _fit(eager)
+    import torch._inductor.config as inductor_config
+
     seed_everything(0)
     module, counter = Net(), _counter()
-    compiled_trainer = _fit(torch.compile(module, backend=counter))
+    with inductor_config.patch(compile_threads=1):  # two small graphs: a pool of compile workers costs more
+        compiled_trainer = _fit(torch.compile(module, backend=counter))
     return {"eager": eager, "eager_trainer": eager_trainer, "module": module, "counter": counter,
             "trainer": compiled_trainer}
 
