@@ -114,6 +114,15 @@ def test_no_recompilation_per_step(runs: dict[str, Any]):
     assert runs["counter"].frame_count <= 2
 
 
+def test_a_short_last_batch_recompiles_once_per_mode():
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+    trainer = Trainer(**{**QUIET, "max_epochs": 3, "val_check_interval": 0.5})
+    trainer.fit(torch.compile(Net(), backend=counter), _loader(60), _loader(30))  # last batches of 4 and 6
+    assert counter.frame_count == 4  # train and validation, each static and then with a dynamic batch size
+
+
 def test_step_hooks_still_run_and_log(runs: dict[str, Any]):
     module, trainer = runs["module"], runs["trainer"]
     assert (module.steps, sorted(trainer.callback_metrics)) == (24, ["train_loss", "val_loss"])
