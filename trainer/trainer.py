@@ -285,7 +285,7 @@ class Trainer(TrainerProperties):
         if not isinstance(model, TrainModule):
             inside = " inside torch.compile" if loop.compiler is not None else ""
             raise MisconfigurationError(
-                f"{fn.value}() needs a TrainModule (or torch.compile of one), got {type(model).__name__}{inside}. "
+                f"{fn.value}() needs a TrainModule, got {type(model).__name__}{inside}. "
                 "Subclass trainer.TrainModule."
             )
         if fn == TrainerFn.FITTING:
