@@ -148,6 +148,17 @@ def test_validate_test_predict_accept_a_compiled_module(runs: dict[str, Any]):
     torch.testing.assert_close(got[2], want[2], rtol=1e-4, atol=1e-5)
 
 
+def test_a_run_without_a_model_keeps_the_compilation(tmp_path: Path):
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+    trainer = Trainer(**{**QUIET, "max_epochs": 1, "enable_checkpointing": True, "default_root_dir": tmp_path})
+    trainer.fit(torch.compile(Net(), backend=counter), _loader(), _loader(32))
+    after_fit = counter.frame_count
+    trainer.validate(dataloaders=_loader(32), ckpt_path="best", verbose=False)  # the fit's module
+    assert counter.frame_count == after_fit + 1  # compiled again: a graph for inference_mode
+
+
 def test_compile_arguments_are_kept():
     class Breaks(Net):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
