@@ -57,6 +57,7 @@ def _strategy(name: str) -> Any:
 def _fit(strategy: str, backend: str | None) -> tuple[dict[str, torch.Tensor], int]:
     from torch._dynamo.testing import CompileCounterWithBackend
 
+    torch._dynamo.reset()  # count this run's graphs only: dynamo's cache is per function, shared by every run
     seed_everything(0)
     module = Net()
     counter = CompileCounterWithBackend(backend) if backend else None

@@ -66,6 +66,12 @@ def _loader(n: int = 64, batch_size: int = 8) -> DataLoader:
     return DataLoader(TensorDataset(x, x[:, :1] - 0.5 * x[:, 1:2]), batch_size=batch_size)
 
 
+@pytest.fixture(autouse=True)
+def fresh_dynamo() -> None:
+    """Graph counts start from an empty dynamo cache (it is per function, shared by every compile of `Net`)."""
+    torch._dynamo.reset()
+
+
 def _counter(backend: str = "inductor") -> Any:
     from torch._dynamo.testing import CompileCounterWithBackend
 
@@ -90,6 +96,7 @@ def runs() -> dict[str, Any]:
     eager_trainer = _fit(eager)
     import torch._inductor.config as inductor_config
 
+    torch._dynamo.reset()
     seed_everything(0)
     module, counter = Net(), _counter()
     with inductor_config.patch(compile_threads=1):  # two small graphs: a pool of compile workers costs more
