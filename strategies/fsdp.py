@@ -8,7 +8,7 @@ rank's shards in a DCP folder with `sharded_checkpoint=True`, strategies/sharded
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from strategies import dtensor
+from strategies import compiled, dtensor
 from strategies.base import NULL_CONTEXT, _StepRouter
 from strategies.exceptions import ConfigError
 from strategies.parallel import ParallelStrategy
@@ -91,6 +91,15 @@ class FSDPStrategy(ParallelStrategy):
             t.fully_shard(module, **shard)
         t.fully_shard(router, **shard)
         return router
+
+    def compile_module(self, compiler: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        # FSDP2's hooks are excluded from dynamo, so a compiled frame breaks its graph at every call of a sharded
+        # unit: compile each unit's forward on its own, between its hooks (torchtitan compiles per block), and the
+        # module's own forward around them. A built-in torch.nn layer sharded as its own unit stays eager (dynamo
+        # skips torch.nn's frames): name your block class in `shard_modules` to compile whole blocks.
+        super().compile_module(compiler)
+        for unit in self._units(self.module):
+            compiled.compile_forward(unit, compiler)
 
     def _units(self, root: nn.Module) -> Iterator[nn.Module]:
         """The submodules sharded as units before the root: instances of `shard_modules`, or else every
