@@ -22,6 +22,7 @@ from strategies.sharded_checkpoint import _verify
 def _read_folder(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """(manifest, everything DCP stored) for a committed folder; CheckpointLoadError when it is not one."""
     import torch.distributed.checkpoint as dcp
+
     # What torch's own dcp_to_torch_save uses: a planner that allocates every entry from `.metadata`, and the load
     # that fills the dict it is given (dcp.load returns the entries of a dict it was given, not new ones).
     from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner, _load_state_dict
