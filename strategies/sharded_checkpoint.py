@@ -4,7 +4,9 @@ torch.distributed.checkpoint (DCP), and rank 0 writes our manifest last, as the 
 A folder is a checkpoint only if it has our manifest, and every file the manifest lists has the
 recorded sha256. That check runs before DCP reads anything, because DCP reads `.metadata` with
 pickle: a foreign or tampered folder is refused without unpickling it. Ranks agree on the verdict
-through one all-reduce, so no rank proceeds (or hangs) alone.
+through one all-reduce, so no rank proceeds (or hangs) alone. With `sharded_checkpoint="async"` the same write and
+commit run in a background thread after a CPU staging copy (strategies/async_save.py); consolidation into one file
+is strategies/sharded_consolidate.py.
 """
 
 from __future__ import annotations
@@ -155,7 +157,8 @@ def _commit(checkpoint: dict[str, Any], folder: Path, tmp: Path, token: str) -> 
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def _verify(folder: Path) -> tuple[dict[str, Any] | None, str]:
+def verified_manifest(folder: Path) -> tuple[dict[str, Any] | None, str]:
+    """(the manifest, "") when every shard of the local folder matches it, else (None, why not)."""
     manifest_path = folder / MANIFEST
     if not manifest_path.is_file():
         return None, (f"{folder} has no {MANIFEST}: it is not a committed checkpoint of this trainer "
@@ -175,7 +178,7 @@ def _verify(folder: Path) -> tuple[dict[str, Any] | None, str]:
 
 def verify_folder(folder: Path) -> str | None:
     """Why a local sharded checkpoint folder cannot be loaded, or None when every shard matches its manifest."""
-    manifest, problem = _verify(folder)
+    manifest, problem = verified_manifest(folder)
     return None if manifest is not None else problem
 
 
@@ -188,7 +191,7 @@ def load_sharded(strategy: Any, path: str | Path) -> dict[str, Any]:
         manifest, problem, folder = verify_remote(str(path))  # folder: the committed data prefix
     else:
         folder = Path(path)
-        manifest, problem = _verify(folder)
+        manifest, problem = verified_manifest(folder)
     if not strategy.reduce_boolean_decision(manifest is not None, all=True):
         raise CheckpointLoadError(problem or f"{folder}: another rank found this sharded checkpoint invalid.")
     assert manifest is not None

@@ -16,7 +16,7 @@ from typing import Any
 from strategies.checkpoint_io import atomic_save
 from strategies.exceptions import CheckpointLoadError
 from strategies.filesystem import is_remote
-from strategies.sharded_checkpoint import _verify
+from strategies.sharded_checkpoint import verified_manifest
 
 
 def _read_folder(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -41,7 +41,7 @@ def _read_folder(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
             kind = "a file" if folder.is_file() else "not there"
             raise CheckpointLoadError(f"{folder} is {kind}: consolidate takes a sharded checkpoint folder "
                                       "(written with sharded_checkpoint=True or 'async').")
-        manifest, problem = _verify(folder)
+        manifest, problem = verified_manifest(folder)
         reader = dcp.FileSystemReader(str(folder))
     if manifest is None:
         raise CheckpointLoadError(problem)
