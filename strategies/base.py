@@ -335,6 +335,16 @@ class Strategy(ABC):
                 error = str(err)
         self.raise_if_any_failed(error)
 
+    def remove_checkpoint(self, path: str | Path) -> None:
+        """Delete a checkpoint file or sharded folder (rank 0); a strategy that saves in the background deletes it
+        once the save in flight has committed."""
+        if self.is_global_zero:
+            checkpoint_io.remove_checkpoint(path)
+
+    def wait_for_saves(self) -> None:  # noqa: B027 (saves are synchronous by default)
+        """Collective: return once this run's background saves have committed; raise CheckpointSaveError on every
+        rank if one failed."""
+
     def raise_if_any_failed(self, error: str | None) -> None:
         """Collective: every rank raises CheckpointSaveError if any rank's part of a save failed.
 

@@ -381,6 +381,7 @@ class Trainer(TrainerProperties):
             for logger in self.loggers:
                 logger.finalize("success" if self.state.status == TrainerStatus.FINISHED else "failed")
             if self.state.status == TrainerStatus.FINISHED:
+                self.strategy.wait_for_saves()  # a background save's error is this run's error
                 self.strategy.barrier("end of run")  # no rank moves on (or exits) while a peer is still in this run
         finally:
             self._signals.restore()
