@@ -139,9 +139,24 @@ class Strategy(ABC):
         """Prepare this process (process group, device, rank-zero gating)."""
         distributed.rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]  # a function attribute
 
+    def tensor_init_context(self, empty_init: bool | None = None) -> AbstractContextManager:
+        """Where `trainer.init_module()` and `configure_model()` create tensors: on this rank's device, in the
+        precision's dtype for *-true precisions; with `empty_init=True` the `torch.nn.init` calls are skipped
+        (uninitialised values, for a model about to load a checkpoint). Sharding strategies build on 'meta'."""
+        from contextlib import ExitStack
+
+        from strategies.meta_init import EmptyInit
+
+        stack = ExitStack()
+        if empty_init:
+            stack.enter_context(EmptyInit())
+        stack.enter_context(torch.device(self.root_device))
+        stack.enter_context(self.precision.module_init_context())
+        return stack
+
     def setup_module(self, module: nn.Module) -> None:
         """Move the module to the device, apply precision, and build the wrapped step router."""
-        module = self.precision.convert_module(module.to(self.root_device))
+        module = self.precision.convert_module(self._to_device(module))
         self._module = module
         router = _StepRouter(module, self.precision.forward_context)
         self._model = self._wrap(router)
@@ -151,6 +166,10 @@ class Strategy(ABC):
         # a router with hooks is always called.
         bare = self._model is router and not (router._forward_pre_hooks or router._forward_hooks)
         self._step = router.forward if bare else self._model
+
+    def _to_device(self, module: nn.Module) -> nn.Module:
+        """Move the module to this rank's device before wrapping."""
+        return module.to(self.root_device)
 
     def _wrap(self, router: _StepRouter) -> nn.Module:
         """Wrap the router (DDP, DP, FSDP2). Identity by default."""

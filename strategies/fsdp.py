@@ -9,7 +9,7 @@ rank's shards in a DCP folder with `sharded_checkpoint=True`, strategies/sharded
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from torch.optim import Optimizer
 from strategies import dtensor
 from strategies.base import NULL_CONTEXT, _StepRouter
 from strategies.exceptions import ConfigError
+from strategies.meta_init import MetaInit
 from strategies.parallel import ParallelStrategy
 from strategies.precision import Precision
 from strategies.sharded_checkpoint import ShardedRef, is_folder_checkpoint, load_into, load_sharded, save_sharded
@@ -62,6 +63,7 @@ class FSDPStrategy(ParallelStrategy):
         self.reshard_after_forward = reshard_after_forward
         self.shard_modules = tuple(shard_modules)
         self.sharded_checkpoint = sharded_checkpoint
+        self._meta_init = MetaInit()
         name = self.precision.name
         if name not in self.supported_precisions():
             raise ConfigError(f"precision={name!r} is not supported by {self._label()}; it supports: "
@@ -74,7 +76,22 @@ class FSDPStrategy(ParallelStrategy):
     def supported_precisions(self) -> tuple[str, ...]:
         return FSDP_PRECISIONS
 
-    # --- wrapping -----------------------------------------------------------------------------
+    # --- building and wrapping ----------------------------------------------------------------------
+    def tensor_init_context(self, empty_init: bool | None = None) -> AbstractContextManager:
+        """Layers built in `trainer.init_module()` or `configure_model()` go on the meta device (unless
+        `empty_init=False`) and are materialised shard by shard after `fully_shard` (strategies/meta_init.py):
+        the full model never exists on any rank, and the same seed gives the same weights at any world size."""
+        if empty_init is False:
+            return super().tensor_init_context(empty_init)
+        stack = ExitStack()
+        stack.enter_context(self._meta_init.capture(self.root_device, initialise=empty_init is None))
+        stack.enter_context(self.precision.module_init_context())
+        return stack
+
+    def _to_device(self, module: nn.Module) -> nn.Module:
+        # tensors still on 'meta' get storage after sharding, each rank only its shards
+        return module._apply(lambda t: t if t.is_meta else t.to(self.root_device))
+
     def _wrap(self, router: _StepRouter) -> nn.Module:
         t = dtensor.torch_sharding()
         policy = self.precision.fsdp_policy()
@@ -85,6 +102,7 @@ class FSDPStrategy(ParallelStrategy):
         for module in self._units(router.module):
             t.fully_shard(module, **shard)
         t.fully_shard(router, **shard)
+        self._meta_init.materialize(router, self.root_device)
         return router
 
     def _units(self, root: nn.Module) -> Iterator[nn.Module]:
