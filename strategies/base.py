@@ -7,7 +7,7 @@ is called on every rank unless its docstring says otherwise.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from strategies import checkpoint_io, distributed
-from strategies.exceptions import CheckpointSaveError
+from strategies.exceptions import CheckpointSaveError, ConfigError
 from strategies.precision import CANONICAL_PRECISIONS, Precision
 from strategies.strategy_optimizer import unwrap_optimizer
 
@@ -46,6 +46,29 @@ class _StepRouter(nn.Module):
 
 
 NULL_CONTEXT = nullcontext()  # reusable; saves building one per step
+
+
+def _module_classes(classes: Sequence[type[nn.Module]] | None) -> tuple[type[nn.Module], ...]:
+    classes = tuple(classes or ())
+    bad = [c for c in classes if not (isinstance(c, type) and issubclass(c, nn.Module))]
+    if bad:
+        raise ConfigError(f"activation_checkpointing takes nn.Module subclasses, got {bad!r}.")
+    return classes
+
+
+def apply_activation_checkpointing(module: nn.Module, classes: tuple[type[nn.Module], ...]) -> None:
+    """Make every instance of `classes` inside `module` recompute its forward in backward (torch's composable,
+    non-reentrant `checkpoint`: the module keeps its class and its state-dict keys). An instance inside another
+    checkpointed one is left alone: the outer recomputation covers it."""
+    if not classes:
+        return
+    from torch.distributed._composable import checkpoint  # imported on first use
+
+    done: list[nn.Module] = []
+    for sub in module.modules():
+        if isinstance(sub, classes) and not any(sub in outer.modules() for outer in done):
+            checkpoint(sub)
+            done.append(sub)
 
 
 def move_to_device(batch: Any, device: torch.device) -> Any:
@@ -87,6 +110,8 @@ class Strategy(ABC):
 
     Args:
         precision: the Precision object (autocast, loss scaling, casting); full fp32 when None.
+        activation_checkpointing: module classes whose instances recompute their forward activations in backward
+            instead of keeping them (torch's composable `checkpoint`), applied before the model is wrapped.
     """
 
     global_rank: int = 0
@@ -94,8 +119,10 @@ class Strategy(ABC):
     node_rank: int = 0
     world_size: int = 1
 
-    def __init__(self, precision: Precision | None = None) -> None:
+    def __init__(self, precision: Precision | None = None,
+                 activation_checkpointing: Sequence[type[nn.Module]] | None = None) -> None:
         self.precision = precision if precision is not None else Precision()
+        self.activation_checkpointing = _module_classes(activation_checkpointing)
         self._module: nn.Module | None = None
         self._model: nn.Module | None = None
         self._step: Callable[..., Any] = self._not_set_up
@@ -157,6 +184,7 @@ class Strategy(ABC):
     def setup_module(self, module: nn.Module) -> None:
         """Move the module to the device, apply precision, and build the wrapped step router."""
         module = self.precision.convert_module(self._to_device(module))
+        apply_activation_checkpointing(module, self.activation_checkpointing)
         self._module = module
         router = _StepRouter(module, self.precision.forward_context)
         self._model = self._wrap(router)

@@ -8,7 +8,7 @@ rank's shards in a DCP folder with `sharded_checkpoint=True`, strategies/sharded
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -44,6 +44,10 @@ class FSDPStrategy(ParallelStrategy):
         shard_modules: the module classes that become FSDP2 units.
         sharded_checkpoint: every rank writes its own shards into a checkpoint folder instead of rank 0 writing
             one full file.
+        offload: keep the parameter shards, their gradients and the optimizer state in host memory, and step the
+            optimizer there (FSDP2's `CPUOffloadPolicy`); each unit's parameters are copied to the device for its
+            forward and backward.
+        activation_checkpointing: module classes whose forward is recomputed in backward (see Strategy).
         **parallel_kwargs: `process_group_backend`, `timeout`, `min_timeout`, `timeout_steps`, `start_method`
             as for DDPStrategy.
 
@@ -54,12 +58,14 @@ class FSDPStrategy(ParallelStrategy):
     def __init__(self, devices: list[torch.device] | None = None, num_nodes: int = 1,
                  precision: Precision | None = None, *, reshard_after_forward: bool = True,
                  shard_modules: tuple[type[nn.Module], ...] = (), sharded_checkpoint: bool = False,
+                 offload: bool = False, activation_checkpointing: Sequence[type[nn.Module]] | None = None,
                  process_group_backend: str | None = None, timeout: timedelta | float | None = None,
                  start_method: str = "subprocess", min_timeout: timedelta | float | None = None,
                  timeout_steps: int | None = None) -> None:
         super().__init__(devices, num_nodes, precision, process_group_backend=process_group_backend,
                          timeout=timeout, start_method=start_method, min_timeout=min_timeout,
-                         timeout_steps=timeout_steps)
+                         timeout_steps=timeout_steps, activation_checkpointing=activation_checkpointing)
+        self.offload = offload
         self.reshard_after_forward = reshard_after_forward
         self.shard_modules = tuple(shard_modules)
         self.sharded_checkpoint = sharded_checkpoint
@@ -98,12 +104,20 @@ class FSDPStrategy(ParallelStrategy):
         # An explicit mesh on this rank's device type: FSDP2's default mesh follows the default accelerator, so
         # CPU ranks on a machine that has CUDA would try cuda:<local_rank> (seen on an H100 host).
         mesh = t.init_device_mesh(self.root_device.type, (self.world_size,))
-        shard = {"mesh": mesh, "reshard_after_forward": self.reshard_after_forward, "mp_policy": policy}
+        shard = {"mesh": mesh, "reshard_after_forward": self.reshard_after_forward, "mp_policy": policy,
+                 "offload_policy": self._offload_policy()}
         for module in self._units(router.module):
             t.fully_shard(module, **shard)
         t.fully_shard(router, **shard)
         self._meta_init.materialize(router, self.root_device)
         return router
+
+    def _offload_policy(self) -> Any:
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+        if not self.offload:
+            return OffloadPolicy()  # torch's default: no offload
+        return CPUOffloadPolicy(pin_memory=self.root_device.type == "cuda")  # pinning needs CUDA
 
     def _units(self, root: nn.Module) -> Iterator[nn.Module]:
         """The submodules sharded as units before the root: instances of `shard_modules`, or else every
@@ -180,4 +194,4 @@ class FSDPStrategy(ParallelStrategy):
 
     def __repr__(self) -> str:
         return (f"FSDPStrategy(devices={len(self.parallel_devices)}, num_nodes={self.num_nodes}, "
-                f"reshard_after_forward={self.reshard_after_forward})")
+                f"reshard_after_forward={self.reshard_after_forward}, offload={self.offload})")
