@@ -67,7 +67,8 @@ def apply_activation_checkpointing(module: nn.Module, classes: tuple[type[nn.Mod
     done: list[nn.Module] = []
     for sub in module.modules():
         if isinstance(sub, classes) and not any(sub in outer.modules() for outer in done):
-            checkpoint(sub)
+            if checkpoint.state(sub) is None:  # a second fit/validate with the same module: already applied
+                checkpoint(sub)
             done.append(sub)
 
 

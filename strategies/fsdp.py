@@ -109,7 +109,8 @@ class FSDPStrategy(ParallelStrategy):
         for module in self._units(router.module):
             t.fully_shard(module, **shard)
         t.fully_shard(router, **shard)
-        self._meta_init.materialize(router, self.root_device)
+        self._meta_init.materialize(router, self.root_device,
+                                    torch.device("cpu") if self.offload else None)  # offloaded shards: on the host
         return router
 
     def _offload_policy(self) -> Any:

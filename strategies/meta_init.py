@@ -89,13 +89,14 @@ class MetaInit:
                 for module in build.modules:
                     _initialise(module, device, keep=False)
 
-    def materialize(self, root: nn.Module, device: torch.device) -> None:
+    def materialize(self, root: nn.Module, device: torch.device, param_device: torch.device | None = None) -> None:
         """Give every meta tensor under `root` storage on `device` and its initial values (after sharding: each
-        DTensor receives its local slice). The global RNG is left as it is: the build advanced it already."""
+        DTensor receives its local slice); `param_device`: where the parameter shards live instead (the host,
+        under CPU offload). The global RNG is left as it is: the build advanced it already."""
         if not any(t.is_meta for t in _all_tensors(root)):
             self._builds.clear()
             return
-        _to_empty_keeping_values(root, device)
+        _to_empty_keeping_values(root, param_device or device, device)
         builds, self._builds = self._builds, []
         with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []), torch.no_grad():
             for build in builds:
@@ -131,16 +132,21 @@ def _named_tensors(root: nn.Module) -> Iterator[tuple[str, Tensor]]:
     yield from root.named_buffers()
 
 
-def _to_empty_keeping_values(root: nn.Module, device: torch.device) -> None:
+def _to_empty_keeping_values(root: nn.Module, param_device: torch.device, buffer_device: torch.device) -> None:
     """`root.to_empty(device)` (FSDP2's way to give sharded meta parameters storage), keeping the values of the
-    tensors that were real already (a model built partly outside the meta context)."""
+    tensors that were real already (a model built partly outside the meta context); buffers on `buffer_device`."""
     from strategies.dtensor import local_slice
 
-    real = [(t, local_slice(t).detach().clone()) for t in _all_tensors(root) if not t.is_meta]
-    root.to_empty(device=device)
+    real = [(module, name, local_slice(t).detach().clone()) for module in root.modules()
+            for name, t, _ in _own_tensors(module) if not t.is_meta]
+    root.to_empty(device=param_device)  # may replace the tensor objects: look them up again below
+    if buffer_device != param_device:
+        for module in root.modules():
+            for name, buffer in module.named_buffers(recurse=False):
+                module._buffers[name] = buffer.to(buffer_device)
     with torch.no_grad():
-        for tensor, value in real:
-            local_slice(tensor).copy_(value)
+        for module, name, value in real:
+            local_slice(getattr(module, name)).copy_(value)
 
 
 def _initialise(module: nn.Module, device: torch.device, keep: bool = True) -> None:

@@ -130,8 +130,11 @@ def _assert_recomputed(checkpointed: tuple[dict, int], plain: tuple[dict, int], 
 
 
 def test_activation_checkpointing_single_device() -> None:
-    _assert_recomputed(_fit(SingleDeviceStrategy("cpu", activation_checkpointing=[Block]), 1)[:2],
-                       _fit(SingleDeviceStrategy("cpu"), 1)[:2])
+    checkpointed, calls, trainer = _fit(SingleDeviceStrategy("cpu", activation_checkpointing=[Block]), 1)
+    _assert_recomputed((checkpointed, calls), _fit(SingleDeviceStrategy("cpu"), 1)[:2])
+    again = Trainer(max_steps=2, **{**QUIET, "strategy": SingleDeviceStrategy("cpu", activation_checkpointing=[Block])})
+    again.fit(trainer.lightning_module, DataLoader(regression_data(n=16), batch_size=4))  # set up a second time
+    assert again.global_step == 2
 
 
 @pytest.mark.parametrize("stage", ["ddp", "zero1", "zero2", "zero3"])

@@ -77,6 +77,28 @@ def test_meta_init_gives_the_plain_weights_at_any_world_size() -> None:
     assert all(torch.equal(one_rank[k], v) for k, v in reference.items())
 
 
+class WithNorm(Net):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body.append(nn.BatchNorm1d(7))
+
+
+def _partly_meta(rank: int, world_size: int) -> dict[str, torch.Tensor]:
+    trainer = Trainer(max_steps=0, **{**QUIET, "devices": world_size, "strategy": "zero3" if rank >= 0 else "auto"})
+    torch.manual_seed(0)
+    model = WithNorm()  # built plainly; only configure_model's head goes on 'meta' under zero3
+    model.body[-1].running_mean.fill_(0.5)  # a real buffer keeps its value through the materialisation
+    trainer.fit(model, _loader())
+    return {k: full_tensor(v).detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_a_partly_meta_model_keeps_its_real_tensors() -> None:
+    reference = _partly_meta(-1, 1)
+    assert torch.equal(reference["body.4.running_mean"], torch.full((7,), 0.5))
+    for state in run_distributed(_partly_meta, 2, timeout=120):
+        assert all(torch.equal(state[k], v) for k, v in reference.items())
+
+
 def test_meta_init_trains_like_a_plain_build() -> None:
     meta = run_distributed(_rank, None, 4, timeout=120)[0]
     plain = run_distributed(_rank, False, 4, timeout=120)[0]
