@@ -17,7 +17,8 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from strategies import checkpoint_io, distributed
-from strategies.exceptions import CheckpointSaveError, ConfigError
+from strategies.activation_checkpointing import apply_activation_checkpointing, checkpointed_classes
+from strategies.exceptions import CheckpointSaveError
 from strategies.precision import CANONICAL_PRECISIONS, Precision
 from strategies.strategy_optimizer import unwrap_optimizer
 
@@ -47,29 +48,6 @@ class _StepRouter(nn.Module):
 
 NULL_CONTEXT = nullcontext()  # reusable; saves building one per step
 
-
-def _module_classes(classes: Sequence[type[nn.Module]] | None) -> tuple[type[nn.Module], ...]:
-    classes = tuple(classes or ())
-    bad = [c for c in classes if not (isinstance(c, type) and issubclass(c, nn.Module))]
-    if bad:
-        raise ConfigError(f"activation_checkpointing takes nn.Module subclasses, got {bad!r}.")
-    return classes
-
-
-def apply_activation_checkpointing(module: nn.Module, classes: tuple[type[nn.Module], ...]) -> None:
-    """Make every instance of `classes` inside `module` recompute its forward in backward (torch's composable,
-    non-reentrant `checkpoint`: the module keeps its class and its state-dict keys). An instance inside another
-    checkpointed one is left alone: the outer recomputation covers it."""
-    if not classes:
-        return
-    from torch.distributed._composable import checkpoint  # imported on first use
-
-    done: list[nn.Module] = []
-    for sub in module.modules():
-        if isinstance(sub, classes) and not any(sub in outer.modules() for outer in done):
-            if checkpoint.state(sub) is None:  # a second fit/validate with the same module: already applied
-                checkpoint(sub)
-            done.append(sub)
 
 
 def move_to_device(batch: Any, device: torch.device) -> Any:
@@ -123,7 +101,7 @@ class Strategy(ABC):
     def __init__(self, precision: Precision | None = None,
                  activation_checkpointing: Sequence[type[nn.Module]] | None = None) -> None:
         self.precision = precision if precision is not None else Precision()
-        self.activation_checkpointing = _module_classes(activation_checkpointing)
+        self.activation_checkpointing = checkpointed_classes(activation_checkpointing)
         self._module: nn.Module | None = None
         self._model: nn.Module | None = None
         self._step: Callable[..., Any] = self._not_set_up
