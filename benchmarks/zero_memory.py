@@ -37,6 +37,9 @@ memory figures are not.
 
     .venv/bin/python benchmarks/zero_memory.py            # full run (51.4 M parameters, 3 rounds; about 4-8 minutes)
     .venv/bin/python benchmarks/zero_memory.py --quick    # smoke run (4.2 M parameters; < 90 s)
+
+Then the "largest model" figure (benchmarks/zero_largest.py): peak RSS per rank from process start through the
+first optimizer step, for ddp, zero1, zero2, zero3 and zero3 with meta-device initialisation (zero3_meta).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import zero_largest
 from common import figure, machine_info, paired, write_result
 from torch import Tensor, nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -368,10 +372,16 @@ def main() -> None:
     table = markdown_table(summary)
     print()
     print(table)
+    largest_cfg = zero_largest.QUICK_LARGEST if args.quick else zero_largest.LargestConfig()
+    print(f"\nLargest model: {largest_cfg.depth} x Linear({largest_cfg.width}, {largest_cfg.width}), AdamW, one step")
+    largest = zero_largest.measure(largest_cfg)
+    largest_table = zero_largest.markdown_table(largest)
+    print(largest_table)
     elapsed = time.perf_counter() - started
-    write_result(args.out, "zero_memory", figures(runs, summary), mode="quick" if args.quick else "full",
-                 config=asdict(cfg), elapsed_s=elapsed, machine=machine_info(),
-                 num_params=num_params(cfg), world_size=WORLD_SIZE, summary=summary, runs=runs, table_markdown=table)
+    write_result(args.out, "zero_memory", figures(runs, summary) + zero_largest.figures(largest, figure),
+                 mode="quick" if args.quick else "full", config=asdict(cfg), elapsed_s=elapsed, machine=machine_info(),
+                 num_params=num_params(cfg), world_size=WORLD_SIZE, summary=summary, runs=runs, table_markdown=table,
+                 largest_model={**largest, "config": asdict(largest_cfg), "table_markdown": largest_table})
     print(f"({elapsed:.0f} s)")
 
 

@@ -7,7 +7,7 @@ is called on every rank unless its docstring says otherwise.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from strategies import checkpoint_io, compiled, distributed
+from strategies.activation_checkpointing import apply_activation_checkpointing, checkpointed_classes
 from strategies.exceptions import CheckpointSaveError
 from strategies.precision import CANONICAL_PRECISIONS, Precision
 from strategies.strategy_optimizer import unwrap_optimizer
@@ -46,6 +47,7 @@ class _StepRouter(nn.Module):
 
 
 NULL_CONTEXT = nullcontext()  # reusable; saves building one per step
+
 
 
 def move_to_device(batch: Any, device: torch.device) -> Any:
@@ -87,6 +89,8 @@ class Strategy(ABC):
 
     Args:
         precision: the Precision object (autocast, loss scaling, casting); full fp32 when None.
+        activation_checkpointing: module classes whose instances recompute their forward activations in backward
+            instead of keeping them (torch's composable `checkpoint`), applied before the model is wrapped.
     """
 
     global_rank: int = 0
@@ -94,8 +98,10 @@ class Strategy(ABC):
     node_rank: int = 0
     world_size: int = 1
 
-    def __init__(self, precision: Precision | None = None) -> None:
+    def __init__(self, precision: Precision | None = None,
+                 activation_checkpointing: Sequence[type[nn.Module]] | None = None) -> None:
         self.precision = precision if precision is not None else Precision()
+        self.activation_checkpointing = checkpointed_classes(activation_checkpointing)
         self._module: nn.Module | None = None
         self._model: nn.Module | None = None
         self._step: Callable[..., Any] = self._not_set_up
@@ -139,9 +145,25 @@ class Strategy(ABC):
         """Prepare this process (process group, device, rank-zero gating)."""
         distributed.rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]  # a function attribute
 
+    def tensor_init_context(self, empty_init: bool | None = None) -> AbstractContextManager:
+        """Where `trainer.init_module()` and `configure_model()` create tensors: on this rank's device, in the
+        precision's dtype for *-true precisions; with `empty_init=True` the `torch.nn.init` calls are skipped
+        (uninitialised values, for a model about to load a checkpoint). Sharding strategies build on 'meta'."""
+        from contextlib import ExitStack
+
+        from strategies.meta_init import EmptyInit
+
+        stack = ExitStack()
+        if empty_init:
+            stack.enter_context(EmptyInit())
+        stack.enter_context(torch.device(self.root_device))
+        stack.enter_context(self.precision.module_init_context())
+        return stack
+
     def setup_module(self, module: nn.Module) -> None:
         """Move the module to the device, apply precision, and build the wrapped step router."""
-        module = self.precision.convert_module(module.to(self.root_device))
+        module = self.precision.convert_module(self._to_device(module))
+        apply_activation_checkpointing(module, self.activation_checkpointing)
         self._module = module
         router = _StepRouter(module, self.precision.forward_context)
         self._model = self._wrap(router)
@@ -151,6 +173,10 @@ class Strategy(ABC):
         # a router with hooks is always called.
         bare = self._model is router and not (router._forward_pre_hooks or router._forward_hooks)
         self._step = router.forward if bare else self._model
+
+    def _to_device(self, module: nn.Module) -> nn.Module:
+        """Move the module to this rank's device before wrapping."""
+        return module.to(self.root_device)
 
     def _wrap(self, router: _StepRouter) -> nn.Module:
         """Wrap the router (DDP, DP, FSDP2). Identity by default."""

@@ -6,6 +6,7 @@ this file owns only what DDP does differently: the wrapper, its `no_sync`, and m
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
@@ -44,6 +45,7 @@ class DDPStrategy(ParallelStrategy):
         min_timeout: with `timeout=None`, collectives in training batches wait at most
             max(min_timeout, timeout_steps x the measured batch time); torch's default elsewhere. Default 120 s.
         timeout_steps: see `min_timeout`; default 20.
+        activation_checkpointing: module classes whose forward is recomputed in backward (see Strategy).
         **ddp_kwargs: further DistributedDataParallel options (e.g. `gradient_as_bucket_view=True`).
 
     Raises:
@@ -68,11 +70,12 @@ class DDPStrategy(ParallelStrategy):
         static_graph: bool = False,
         min_timeout: timedelta | float | None = None,
         timeout_steps: int | None = None,
+        activation_checkpointing: Sequence[type[torch.nn.Module]] | None = None,
         **ddp_kwargs: Any,
     ) -> None:
         super().__init__(devices, num_nodes, precision, process_group_backend=process_group_backend,
                          timeout=timeout, start_method=start_method, min_timeout=min_timeout,
-                         timeout_steps=timeout_steps)
+                         timeout_steps=timeout_steps, activation_checkpointing=activation_checkpointing)
         self._ddp_kwargs = {"find_unused_parameters": find_unused_parameters, "static_graph": static_graph,
                             **ddp_kwargs}
         self._ddp: DistributedDataParallel | None = None

@@ -5,7 +5,7 @@ Kept for single-machine convenience; DDP is faster and is what we recommend. DP 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -39,8 +39,9 @@ class DataParallelStrategy(Strategy):
         ConfigError: without CUDA (use `strategy="ddp", accelerator="cpu"` on CPU), or with non-CUDA devices.
     """
 
-    def __init__(self, devices: list[torch.device] | None = None, precision: Precision | None = None) -> None:
-        super().__init__(precision)
+    def __init__(self, devices: list[torch.device] | None = None, precision: Precision | None = None,
+                 activation_checkpointing: Sequence[type[nn.Module]] | None = None) -> None:
+        super().__init__(precision, activation_checkpointing)
         if not torch.cuda.is_available():
             raise ConfigError(
                 "strategy='dp' (torch.nn.DataParallel) needs CUDA GPUs, and none is available. "

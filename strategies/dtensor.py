@@ -25,14 +25,14 @@ def torch_sharding() -> SimpleNamespace:
     from torch.distributed.checkpoint import state_dict as dcp_state
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, fully_shard
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor, distribute_tensor
 
     return SimpleNamespace(
         StateDictOptions=dcp_state.StateDictOptions, get_model_state_dict=dcp_state.get_model_state_dict,
         get_optimizer_state_dict=dcp_state.get_optimizer_state_dict,
         set_model_state_dict=dcp_state.set_model_state_dict,
         set_optimizer_state_dict=dcp_state.set_optimizer_state_dict, init_device_mesh=init_device_mesh,
-        FSDPModule=FSDPModule, fully_shard=fully_shard, DTensor=DTensor,
+        FSDPModule=FSDPModule, fully_shard=fully_shard, DTensor=DTensor, distribute_tensor=distribute_tensor,
         FULL=dcp_state.StateDictOptions(full_state_dict=True, cpu_offload=True),
     )
 
@@ -99,3 +99,14 @@ def _indices_to_names(model: nn.Module, optimizer: Optimizer, by_index: dict[str
     names = _param_names(model, optimizer)
     groups = [{**g, "params": [names[i] for i in g["params"]]} for g in by_index["param_groups"]]
     return {"state": {names[int(i)]: s for i, s in by_index["state"].items()}, "param_groups": groups}
+
+
+def local_slice(tensor: Tensor, full: Tensor | None = None) -> Tensor:
+    """This rank's part of `tensor` (a DTensor's local shard; a plain tensor itself), or, given `full` (a plain
+    tensor of `tensor`'s global shape), the part of `full` that this rank would hold. No communication."""
+    t = torch_sharding()
+    if not isinstance(tensor, t.DTensor):
+        return tensor if full is None else full
+    if full is None:
+        return tensor.to_local()
+    return t.distribute_tensor(full, tensor.device_mesh, tensor.placements, src_data_rank=None).to_local()

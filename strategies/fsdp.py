@@ -9,8 +9,8 @@ rank's shards in a DCP folder with `sharded_checkpoint=True`, strategies/sharded
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from strategies import compiled, dtensor
 from strategies.async_save import AsyncSaver
 from strategies.base import NULL_CONTEXT, _StepRouter
 from strategies.exceptions import ConfigError
+from strategies.meta_init import MetaInit
 from strategies.parallel import ParallelStrategy
 from strategies.precision import Precision
 from strategies.sharded_checkpoint import ShardedRef, is_folder_checkpoint, load_into, load_sharded, save_sharded
@@ -46,6 +47,10 @@ class FSDPStrategy(ParallelStrategy):
         sharded_checkpoint: every rank writes its own shards into a checkpoint folder instead of rank 0 writing
             one full file; `"async"` also writes them in the background while training goes on (saves during a
             run; docs/checkpointing.md).
+        offload: keep the parameter shards, their gradients and the optimizer state in host memory, and step the
+            optimizer there (FSDP2's `CPUOffloadPolicy`); each unit's parameters are copied to the device for its
+            forward and backward.
+        activation_checkpointing: module classes whose forward is recomputed in backward (see Strategy).
         **parallel_kwargs: `process_group_backend`, `timeout`, `min_timeout`, `timeout_steps`, `start_method`
             as for DDPStrategy.
 
@@ -56,12 +61,14 @@ class FSDPStrategy(ParallelStrategy):
     def __init__(self, devices: list[torch.device] | None = None, num_nodes: int = 1,
                  precision: Precision | None = None, *, reshard_after_forward: bool = True,
                  shard_modules: tuple[type[nn.Module], ...] = (), sharded_checkpoint: bool | str = False,
+                 offload: bool = False, activation_checkpointing: Sequence[type[nn.Module]] | None = None,
                  process_group_backend: str | None = None, timeout: timedelta | float | None = None,
                  start_method: str = "subprocess", min_timeout: timedelta | float | None = None,
                  timeout_steps: int | None = None) -> None:
         super().__init__(devices, num_nodes, precision, process_group_backend=process_group_backend,
                          timeout=timeout, start_method=start_method, min_timeout=min_timeout,
-                         timeout_steps=timeout_steps)
+                         timeout_steps=timeout_steps, activation_checkpointing=activation_checkpointing)
+        self.offload = offload
         self.reshard_after_forward = reshard_after_forward
         self.shard_modules = tuple(shard_modules)
         if sharded_checkpoint not in (True, False, "async"):
@@ -69,6 +76,7 @@ class FSDPStrategy(ParallelStrategy):
         self.sharded_checkpoint = sharded_checkpoint
         self._saver = AsyncSaver() if sharded_checkpoint == "async" else None
         self._in_run = False  # async saves only inside a run: its end waits for them
+        self._meta_init = MetaInit()
         name = self.precision.name
         if name not in self.supported_precisions():
             raise ConfigError(f"precision={name!r} is not supported by {self._label()}; it supports: "
@@ -86,17 +94,35 @@ class FSDPStrategy(ParallelStrategy):
     def supported_precisions(self) -> tuple[str, ...]:
         return FSDP_PRECISIONS
 
-    # --- wrapping -----------------------------------------------------------------------------
+    # --- building and wrapping ----------------------------------------------------------------------
+    def tensor_init_context(self, empty_init: bool | None = None) -> AbstractContextManager:
+        """Layers built in `trainer.init_module()` or `configure_model()` go on the meta device (unless
+        `empty_init=False`) and are materialised shard by shard after `fully_shard` (strategies/meta_init.py):
+        the full model never exists on any rank, and the same seed gives the same weights at any world size."""
+        if empty_init is False:
+            return super().tensor_init_context(empty_init)
+        stack = ExitStack()
+        stack.enter_context(self._meta_init.capture(self.root_device, initialise=empty_init is None))
+        stack.enter_context(self.precision.module_init_context())
+        return stack
+
+    def _to_device(self, module: nn.Module) -> nn.Module:
+        # tensors still on 'meta' get storage after sharding, each rank only its shards
+        return module._apply(lambda t: t if t.is_meta else t.to(self.root_device))
+
     def _wrap(self, router: _StepRouter) -> nn.Module:
         t = dtensor.torch_sharding()
         policy = self.precision.fsdp_policy()
         # An explicit mesh on this rank's device type: FSDP2's default mesh follows the default accelerator, so
         # CPU ranks on a machine that has CUDA would try cuda:<local_rank> (seen on an H100 host).
         mesh = t.init_device_mesh(self.root_device.type, (self.world_size,))
-        shard = {"mesh": mesh, "reshard_after_forward": self.reshard_after_forward, "mp_policy": policy}
+        shard = {"mesh": mesh, "reshard_after_forward": self.reshard_after_forward, "mp_policy": policy,
+                 "offload_policy": self._offload_policy()}
         for module in self._units(router.module):
             t.fully_shard(module, **shard)
         t.fully_shard(router, **shard)
+        self._meta_init.materialize(router, self.root_device,
+                                    torch.device("cpu") if self.offload else None)  # offloaded shards: on the host
         return router
 
     def compile_module(self, compiler: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
@@ -107,6 +133,13 @@ class FSDPStrategy(ParallelStrategy):
         super().compile_module(compiler)
         for unit in self._units(self.module):
             compiled.compile_forward(unit, compiler)
+
+    def _offload_policy(self) -> Any:
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+        if not self.offload:
+            return OffloadPolicy()  # torch's default: no offload
+        return CPUOffloadPolicy(pin_memory=self.root_device.type == "cuda")  # pinning needs CUDA
 
     def _units(self, root: nn.Module) -> Iterator[nn.Module]:
         """The submodules sharded as units before the root: instances of `shard_modules`, or else every
@@ -206,4 +239,4 @@ class FSDPStrategy(ParallelStrategy):
 
     def __repr__(self) -> str:
         return (f"FSDPStrategy(devices={len(self.parallel_devices)}, num_nodes={self.num_nodes}, "
-                f"reshard_after_forward={self.reshard_after_forward})")
+                f"reshard_after_forward={self.reshard_after_forward}, offload={self.offload})")

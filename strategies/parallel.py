@@ -8,12 +8,14 @@ gradient-sync switch and state-dict layout; a further mechanism (tensor parallel
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from strategies import distributed
 from strategies.base import Strategy
@@ -60,6 +62,7 @@ class ParallelStrategy(Strategy):
             torch.multiprocessing.
         min_timeout: with `timeout=None`, the least a collective in a training batch may wait. Default 120 s.
         timeout_steps: with `timeout=None`, how many measured batch times a collective may wait. Default 20.
+        activation_checkpointing: module classes whose forward is recomputed in backward (see Strategy).
 
     Raises:
         ConfigError: an unknown backend or start method, `"nccl"` without CUDA, or `"mpi"` without MPI.
@@ -76,8 +79,9 @@ class ParallelStrategy(Strategy):
         start_method: str = "subprocess",
         min_timeout: timedelta | float | None = None,
         timeout_steps: int | None = None,
+        activation_checkpointing: Sequence[type[nn.Module]] | None = None,
     ) -> None:
-        super().__init__(precision)
+        super().__init__(precision, activation_checkpointing)
         self._devices_given, self._backend_given = devices is not None, process_group_backend is not None
         self.parallel_devices = list(devices) if devices else [torch.device("cpu")]
         self.num_nodes = num_nodes

@@ -52,6 +52,10 @@ class Precision:
         """Entered around every step inside the step router (autocast for *-mixed)."""
         return _NULL_CONTEXT
 
+    def module_init_context(self) -> AbstractContextManager:
+        """Entered while `trainer.init_module()` / `configure_model()` build layers: the default dtype for *-true."""
+        return _NULL_CONTEXT
+
     def convert_input(self, batch: Any) -> Any:
         """Cast floating-point inputs for *-true precisions; identity here."""
         return batch
@@ -271,6 +275,9 @@ class _TruePrecision(Precision):
 
     def forward_context(self) -> AbstractContextManager:
         return self._default_dtype
+
+    def module_init_context(self) -> AbstractContextManager:
+        return _DefaultDtype(self._dtype)  # its own instance: init_module may be entered inside a step
 
     def convert_input(self, batch: Any) -> Any:
         return _cast_floats(batch, self._dtype)

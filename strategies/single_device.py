@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch import nn
 
 from strategies.base import Strategy
 from strategies.exceptions import ConfigError
@@ -17,10 +19,12 @@ class SingleDeviceStrategy(Strategy):
     Args:
         device: the device, e.g. `"cpu"` or `"cuda:0"`.
         precision: the Precision object; full fp32 when None.
+        activation_checkpointing: module classes whose forward is recomputed in backward (see Strategy).
     """
 
-    def __init__(self, device: str | torch.device = "cpu", precision: Precision | None = None) -> None:
-        super().__init__(precision)
+    def __init__(self, device: str | torch.device = "cpu", precision: Precision | None = None,
+                 activation_checkpointing: Sequence[type[nn.Module]] | None = None) -> None:
+        super().__init__(precision, activation_checkpointing)
         self._device = torch.device(device)
 
     @classmethod

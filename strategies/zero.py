@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 from abc import abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -52,6 +53,10 @@ class ZeroStrategy(ParallelStrategy):
         shard_modules: for stages 2 and 3, the module classes that become FSDP2 units.
         sharded_checkpoint: for stages 2 and 3, every rank writes its own shards into a checkpoint folder
             instead of rank 0 writing one full file; `"async"` writes them in the background during fit.
+        offload: for stages 2 and 3, parameter shards, gradients and optimizer state live in host memory and the
+            optimizer steps there (FSDP2's `CPUOffloadPolicy`); `strategy="zero2_offload"` / `"zero3_offload"`.
+        activation_checkpointing: module classes (e.g. your transformer block) whose forward is recomputed in
+            backward instead of keeping its activations; every stage.
         **ddp_kwargs: `process_group_backend`, `timeout`, `min_timeout`, `timeout_steps`, `start_method` as for
             DDPStrategy; for stage 1 also DistributedDataParallel's options.
 
@@ -60,7 +65,7 @@ class ZeroStrategy(ParallelStrategy):
 
     Raises:
         ConfigError: an invalid stage, an unsupported precision, DDP options for stages 2 and 3, or
-            `shard_modules` / `sharded_checkpoint=True` with stage 1.
+            `shard_modules` / `sharded_checkpoint=True` / `offload=True` with stage 1.
 
     Example:
         ```python
@@ -79,24 +84,31 @@ class ZeroStrategy(ParallelStrategy):
 
     def __init__(self, stage: int = 1, devices: list[torch.device] | None = None, num_nodes: int = 1,
                  precision: Precision | None = None, shard_modules: tuple[type[nn.Module], ...] = (),
-                 sharded_checkpoint: bool | str = False, **ddp_kwargs: Any) -> None:
+                 sharded_checkpoint: bool | str = False, offload: bool = False,
+                 activation_checkpointing: Sequence[type[nn.Module]] | None = None, **ddp_kwargs: Any) -> None:
         self.stage = stage
+        ddp_kwargs["activation_checkpointing"] = activation_checkpointing
         self._init_mechanism(stage, devices, num_nodes, precision, tuple(shard_modules), sharded_checkpoint,
-                             ddp_kwargs)
+                             offload, ddp_kwargs)
 
     @abstractmethod
     def _init_mechanism(self, stage: int, devices: list[torch.device] | None, num_nodes: int,
                         precision: Precision | None, shard_modules: tuple[type[nn.Module], ...],
-                        sharded_checkpoint: bool | str, ddp_kwargs: dict[str, Any]) -> None:
+                        sharded_checkpoint: bool | str, offload: bool, ddp_kwargs: dict[str, Any]) -> None:
         """Initialise the strategy whose mechanism this stage uses, refusing options it would ignore."""
 
     @classmethod
     def register(cls, registry: Any) -> None:
         for stage in (1, 2, 3):
             registry.register(f"zero{stage}", ZeroStrategy, description=f"ZeRO stage {stage}", stage=stage)
+        for stage in (2, 3):
+            registry.register(f"zero{stage}_offload", ZeroStrategy, stage=stage, offload=True,
+                              description=f"ZeRO stage {stage}, parameters, gradients and optimizer state on the host")
 
     def __repr__(self) -> str:
-        return f"ZeroStrategy(stage={self.stage}, devices={len(self.parallel_devices)}, num_nodes={self.num_nodes})"
+        offload = ", offload=True" if getattr(self, "offload", False) else ""
+        return (f"ZeroStrategy(stage={self.stage}, devices={len(self.parallel_devices)}, "
+                f"num_nodes={self.num_nodes}{offload})")
 
 
 class Zero1Strategy(ZeroStrategy, DDPStrategy):
@@ -105,7 +117,9 @@ class Zero1Strategy(ZeroStrategy, DDPStrategy):
 
     def _init_mechanism(self, stage: int, devices: list[torch.device] | None, num_nodes: int,
                         precision: Precision | None, shard_modules: tuple[type[nn.Module], ...],
-                        sharded_checkpoint: bool | str, ddp_kwargs: dict[str, Any]) -> None:
+                        sharded_checkpoint: bool | str, offload: bool, ddp_kwargs: dict[str, Any]) -> None:
+        if offload:
+            raise ConfigError("ZeroStrategy(offload=True) offloads FSDP2's shards: it needs stage 2 or 3.")
         if sharded_checkpoint:
             raise ConfigError("ZeroStrategy(sharded_checkpoint=True) needs stage 2 or 3 (FSDP2 sharded states).")
         if shard_modules:
@@ -133,12 +147,13 @@ class ZeroFSDPStrategy(ZeroStrategy, FSDPStrategy):
 
     def _init_mechanism(self, stage: int, devices: list[torch.device] | None, num_nodes: int,
                         precision: Precision | None, shard_modules: tuple[type[nn.Module], ...],
-                        sharded_checkpoint: bool | str, ddp_kwargs: dict[str, Any]) -> None:
-        unused = sorted(set(ddp_kwargs) - _PROCESS_OPTIONS)
+                        sharded_checkpoint: bool | str, offload: bool, ddp_kwargs: dict[str, Any]) -> None:
+        unused = sorted(set(ddp_kwargs) - _PROCESS_OPTIONS - {"activation_checkpointing"})
         if unused:
             raise ConfigError(f"ZeroStrategy(stage={stage}) does not use DDP options {unused}; remove them.")
         FSDPStrategy.__init__(self, devices, num_nodes, precision, reshard_after_forward=stage == 3,
-                              shard_modules=shard_modules, sharded_checkpoint=sharded_checkpoint, **ddp_kwargs)
+                              shard_modules=shard_modules, sharded_checkpoint=sharded_checkpoint, offload=offload,
+                              **ddp_kwargs)
 
     def _label(self) -> str:
         return f"zero{self.stage}"

@@ -73,12 +73,15 @@ def prepare_data(trainer: Trainer, module: Any) -> None:
         trainer.strategy.barrier("prepare_data")
 
 
-def configure_model(module: Any) -> None:
-    """`configure_model()` after `setup`, before the strategy sets the module up (when the user defined it)."""
+def configure_model(strategy: Any, module: Any) -> None:
+    """`configure_model()` after `setup`, before the strategy sets the module up (when the user defined it), inside
+    the strategy's `tensor_init_context()`: layers it creates are built on the device in the precision's dtype, or
+    on the meta device under a sharding strategy (materialised shard by shard when the strategy wraps the module)."""
     from trainer.module import TrainModule
 
     if is_overridden(module, "configure_model", TrainModule):
-        module.configure_model()
+        with strategy.tensor_init_context():
+            module.configure_model()
 
 
 _EVAL_HOOKS = {TrainerFn.VALIDATING: "validation", TrainerFn.TESTING: "test", TrainerFn.PREDICTING: "predict"}

@@ -5,6 +5,7 @@ It never asks which strategy it has: everything that differs is behind `self.str
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +182,13 @@ class Trainer(TrainerProperties):
         return self._launch(TrainerFn.PREDICTING, model, datamodule,
                                     {"predict": dataloaders, "return_predictions": return_predictions}, ckpt_path)
 
+    def init_module(self, empty_init: bool | None = None) -> AbstractContextManager:
+        """Context manager for building the model: tensors are created on the strategy's device in the
+        precision's dtype; under zero2/zero3 on the meta device, materialised shard by shard when fit() shards
+        the model (so no rank holds the whole model). `empty_init=True` leaves the values uninitialised (you
+        load a checkpoint next); None lets the strategy decide. See docs/zero.md."""
+        return self.strategy.tensor_init_context(empty_init)
+
     def save_checkpoint(self, filepath: str | Path, weights_only: bool = False) -> None:
         """Save a checkpoint. Call it on every rank: the strategy decides who writes."""
         if self.fit_state.module is None:
@@ -219,7 +227,7 @@ class Trainer(TrainerProperties):
             if self.datamodule is not None:
                 self.datamodule.setup(stage)
             call_hook(loop, "setup", stage)
-            run_start.configure_model(model)
+            run_start.configure_model(self.strategy, model)
             loop.loaders.resolve(loop.spec, self.strategy, model, self.datamodule, fn, loaders)
             run_start.read_signatures(loop, model, fn)
             run_start.sync_batchnorm(self, model)
