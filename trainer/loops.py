@@ -124,8 +124,8 @@ def _train_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> b
     progress.total_batches += 1
     position.set(Phase.BETWEEN_BATCHES)
     call_hook(loop, "on_train_batch_end", outputs, batch, batch_idx)
-    if metrics.loggers:
-        metrics.step_end(results, progress.total_batches, progress.global_step, progress.current_epoch)
+    stepped = not loop.automatic or loop.schedule.window_ends(batch_idx, is_last)
+    metrics.step_end(results, stepped, progress.current_epoch)
     _stop_on_agreed_signal(loop)
     return True
 

@@ -81,14 +81,21 @@ class MetricsRouter:
         self._callback, self._logged = dict(callback), dict(logged)
 
     # --- the logging cadence ----------------------------------------------------------------------
-    def log_due(self, batches_done: int) -> bool:
-        """Does the training batch that completes `batches_done` batches send its step values to the loggers?"""
-        return bool(self.loggers) and batches_done % self.log_every_n_steps == 0
+    def log_due(self, stepped: int) -> bool:
+        """Does the `stepped`-th batch that steps the optimizer send its step values to the loggers?
+
+        Lightning's count: batches that closed an accumulation window (optimizer steps with one optimizer; every
+        batch in manual optimization), not batches: with accumulate_grad_batches=4 and log_every_n_steps=2,
+        every 8th batch. 0 never logs at steps.
+        """
+        n = self.log_every_n_steps
+        return bool(self.loggers) and n > 0 and stepped % n == 0
 
     @property
     def batch_starting_logs(self) -> bool:
-        """In `on_train_batch_start` (the batch not counted yet): will this batch's step values reach the loggers?"""
-        return self.log_due(self._progress.total_batches + 1)
+        """In `on_train_batch_start`: will the next optimizer step's values reach the loggers? (Lightning asks the
+        same question at every batch of the window that step closes.)"""
+        return self.log_due(self._progress.stepped_batches + 1)
 
     def send_measured(self, values: dict[str, float], step: int) -> None:
         """Send values a callback measured itself (not `self.log` values) to the loggers at `step`.
@@ -99,13 +106,18 @@ class MetricsRouter:
             logger.log_metrics(values, step=step)
 
     # --- updates from the loops -------------------------------------------------------------------
-    def step_end(self, results: ResultCollection, batches_done: int, step: int, epoch: int) -> None:
-        """After each training batch: send step values to the loggers when the cadence says so."""
-        if not self.log_due(batches_done):
+    def step_end(self, results: ResultCollection, stepped: bool, epoch: int) -> None:
+        """After each training batch (`stepped`: it closed an accumulation window): send its step values to the
+        loggers when the cadence says so, at Lightning's step, the number of stepping batches before this one."""
+        if not stepped:
+            return
+        count = self._progress.stepped_batches + 1
+        self._progress.stepped_batches = count
+        if not self.log_due(count):
             return
         values = results.step_metrics("logger")
         if values:
-            self._send({**to_python(values), "epoch": epoch}, step)
+            self._send({**to_python(values), "epoch": epoch}, count - 1)
 
     def epoch_end(self, computed: dict[str, dict[str, Tensor]], step: int, epoch: int | None) -> dict[str, float]:
         """Record epoch values (from ResultCollection.epoch_end) and send them to the loggers."""
