@@ -142,6 +142,7 @@ def _validate_during_fit(loop: FitState) -> None:
     with loop.control.outside_steps():  # no step bound on collectives during validation
         run_evaluation(loop, RunningStage.VALIDATING)
     loop.position.validation_finished()
+    loop.schedule.validation_ran()
     loop.trainer.state.stage = RunningStage.TRAINING
 
 

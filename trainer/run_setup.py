@@ -11,7 +11,7 @@ from strategies.checkpoint_io import checkpoint_problem, find_checkpoints
 from strategies.distributed import rank_zero_info, rank_zero_warn
 from strategies.exceptions import ConfigError, MisconfigurationError
 from strategies.filesystem import AnyPath, join, parent, to_path
-from trainer import data
+from trainer import data, overfit
 from trainer.flags import RunSpec
 from trainer.loggers.base import run_folder
 from trainer.sampling import prepare_loader
@@ -94,6 +94,8 @@ class StageLoaders:
 
         def prepare(stage: str, training: bool) -> tuple[list[Any], list[int | float]]:
             loaders = data.resolve_loaders(stage, given.get(stage), datamodule, module)
+            if spec.overfit_batches and fn == TrainerFn.FITTING:  # Lightning's rule: in fit only
+                loaders = overfit.in_order(loaders, stage)
             loaders = [prepare_loader(dl, sampler_kwargs, training) for dl in loaders]
             for loader in loaders:
                 seed_workers_of(loader, strategy.global_rank)
