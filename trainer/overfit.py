@@ -45,4 +45,4 @@ def _rebuilt(loader: DataLoader, stage: str) -> DataLoader:
     if kwargs.get("num_workers", 0) == 0:  # DataLoader refuses these without workers
         kwargs.pop("prefetch_factor", None)
         kwargs["persistent_workers"] = False
-    return DataLoader(loader.dataset, sampler=SequentialSampler(loader.dataset), **kwargs)
+    return DataLoader(loader.dataset, sampler=SequentialSampler(loader.dataset), **kwargs)  # type: ignore[arg-type]
