@@ -88,6 +88,22 @@ def test_overfit_batches_sees_lightnings_batches(overfit: int | float):
     assert ours.seen["train"][0] == ours.seen["train"][-1] == list(range(len(ours.seen["train"][0])))
 
 
+def _overfit_ids_on_a_rank(rank: int) -> dict[str, list[list[int]]]:
+    model = Net()
+    Trainer(max_epochs=2, overfit_batches=2, num_sanity_val_steps=0, **{**QUIET, "devices": 2, "strategy": "ddp"}
+            ).fit(model, _loader(), _loader())
+    return model.seen
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_overfit_batches_under_ddp_shards_in_order():
+    """As Lightning's DistributedSampler with shuffle off: rank r takes samples r, r+2, ... every epoch."""
+    rank0, rank1 = run_distributed(_overfit_ids_on_a_rank)
+    assert rank0["train"] == [[0, 2, 4, 6, 8, 10, 12, 14]] * 2 and rank1["train"] == [[1, 3, 5, 7, 9, 11, 13, 15]] * 2
+    assert rank0["val"] == [[0, 2, 4, 6, 8, 10, 12, 14]] * 2
+
+
 def test_overfit_batches_is_checked_as_a_batch_limit():
     with pytest.raises(ConfigError, match="overfit_batches"):
         Trainer(overfit_batches=1.5, **QUIET)
