@@ -125,7 +125,7 @@ def _train_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> b
     position.set(Phase.BETWEEN_BATCHES)
     call_hook(loop, "on_train_batch_end", outputs, batch, batch_idx)
     stepped = not loop.automatic or loop.schedule.window_ends(batch_idx, is_last)
-    metrics.step_end(results, stepped, progress.current_epoch)
+    metrics.step_end(results, stepped, progress.current_epoch, loop.schedule.should_stop)
     _stop_on_agreed_signal(loop)
     return True
 

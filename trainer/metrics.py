@@ -106,14 +106,15 @@ class MetricsRouter:
             logger.log_metrics(values, step=step)
 
     # --- updates from the loops -------------------------------------------------------------------
-    def step_end(self, results: ResultCollection, stepped: bool, epoch: int) -> None:
+    def step_end(self, results: ResultCollection, stepped: bool, epoch: int, stopping: bool = False) -> None:
         """After each training batch (`stepped`: it closed an accumulation window): send its step values to the
-        loggers when the cadence says so, at Lightning's step, the number of stepping batches before this one."""
+        loggers when the cadence says so, or when a stop was requested (`should_stop`, as Lightning), at Lightning's
+        step: the number of stepping batches before this one."""
         if not stepped:
             return
         count = self._progress.stepped_batches + 1
         self._progress.stepped_batches = count
-        if not self.log_due(count):
+        if not (self.log_due(count) or (stopping and self.loggers and self.log_every_n_steps > 0)):
             return
         values = results.step_metrics("logger")
         if values:

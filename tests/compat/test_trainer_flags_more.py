@@ -30,6 +30,7 @@ class _Body:
         self.net = nn.Linear(4, 1)
         self.seen: dict[str, list[list[int]]] = {"train": [], "val": []}
         self.val_at: list[int] = []
+        self.stop_from: int | None = None  # set should_stop from this global step on
 
     def on_train_epoch_start(self) -> None:
         self.seen["train"].append([])
@@ -39,6 +40,8 @@ class _Body:
         self.val_at.append(self.trainer.global_step)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.stop_from is not None and self.trainer.global_step >= self.stop_from:
+            self.trainer.should_stop = True
         ids, x = batch
         self.seen["train"][-1].extend(ids.tolist())
         loss = self.net(x).pow(2).mean()
@@ -236,3 +239,20 @@ def test_step_values_reach_the_logger_at_lightnings_steps(tmp_path: Path, accumu
     lightning.Trainer(**flags, **quiet, logger=TheirCSV(tmp_path / "theirs")).fit(theirs, _loader(88, False))
     Trainer(**flags, **quiet, logger=CSVLogger(tmp_path / "ours")).fit(Net(), _loader(88, False))
     assert _logged_steps(tmp_path / "ours") == _logged_steps(tmp_path / "theirs") != []
+
+
+
+def test_a_requested_stop_logs_its_steps_as_in_lightning(tmp_path: Path):
+    """Lightning also sends step values when should_stop is set (here held back by min_steps for a few steps)."""
+    lightning, theirs = _lightning()
+    from lightning.pytorch.loggers import CSVLogger as TheirCSV
+
+    from trainer.loggers import CSVLogger
+
+    ours = Net()
+    ours.stop_from = theirs.stop_from = 5
+    flags = {"max_epochs": 3, "min_steps": 9, "log_every_n_steps": 4, "min_epochs": 0}
+    quiet = {k: v for k, v in LIGHTNING_QUIET.items() if k != "logger"}
+    lightning.Trainer(**flags, **quiet, logger=TheirCSV(tmp_path / "theirs")).fit(theirs, _loader(88, False))
+    Trainer(**flags, **quiet, logger=CSVLogger(tmp_path / "ours")).fit(ours, _loader(88, False))
+    assert _logged_steps(tmp_path / "ours") == _logged_steps(tmp_path / "theirs")
