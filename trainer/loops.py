@@ -154,9 +154,9 @@ def _train_epoch_end(loop: FitState, complete: bool) -> None:
     """
     results, p, metrics = loop.train_results, loop.progress, loop.metrics
     loop.control.epoch_ends()  # epoch-end hooks and the next epoch's data loaders: no step bound
-    metrics.epoch_end(results.epoch_end("training epoch end"), p.global_step, p.current_epoch)
+    metrics.epoch_end(results.epoch_end("training epoch end"), metrics.train_epoch_step, p.current_epoch)
     call_hook(loop, "on_train_epoch_end")
-    metrics.epoch_end(results.epoch_end("on_train_epoch_end"), p.global_step, p.current_epoch)
+    metrics.epoch_end(results.epoch_end("on_train_epoch_end"), metrics.train_epoch_step, p.current_epoch)
     results.reset_metric_objects()  # after the epoch-end hooks, so compute() in them gives the epoch value
     if complete:
         loop.scheduler_stepper.step("epoch", p.current_epoch + 1, metrics.callback_metrics)
@@ -263,7 +263,7 @@ def _eval_epoch_end(loop: FitState, results: Any, stage: RunningStage, prefix: s
         call_hook(loop, f"on_{prefix}_epoch_end")
         results.reset()  # after the hook: a metric's compute() in it sees the sanity batches, as in Lightning
         return {}
-    step = loop.progress.global_step
+    step = loop.metrics.eval_step(loop.trainer.state.fn == TrainerFn.FITTING)
     computed = results.epoch_end(f"{prefix} epoch end")
     loop.metrics.epoch_end({**computed, "logger": {}}, step, None)
     call_hook(loop, f"on_{prefix}_epoch_end")

@@ -25,12 +25,14 @@ class MetricsRouter:
         self._logged: dict[str, Any] = {}
         self._progress_bar: dict[str, Tensor] = {}
         self._live: ResultCollection | None = None  # the train results whose step values are current
+        self._stepped_now = False  # the last training batch closed an accumulation window
 
     def reset(self) -> None:
         self._callback.clear()
         self._logged.clear()
         self._progress_bar.clear()
         self._live = None
+        self._stepped_now = False
 
     def watch(self, results: ResultCollection | None) -> None:
         """Step values of `results` show up in callback/progress-bar metrics until the next watch()."""
@@ -110,6 +112,7 @@ class MetricsRouter:
         """After each training batch (`stepped`: it closed an accumulation window): send its step values to the
         loggers when the cadence says so, or when a stop was requested (`should_stop`, as Lightning), at Lightning's
         step: the number of stepping batches before this one."""
+        self._stepped_now = stepped
         if not stepped:
             return
         count = self._progress.stepped_batches + 1
@@ -119,6 +122,16 @@ class MetricsRouter:
         values = results.step_metrics("logger")
         if values:
             self._send({**to_python(values), "epoch": epoch}, count - 1)
+
+    def eval_step(self, fitting: bool) -> int:
+        """Lightning's step for values logged by a validation: inside fit, the stepping batches before the batch it
+        follows (the step values of that batch went out at the same step); outside fit, the stepping batches."""
+        return self._progress.stepped_batches - (fitting and self._stepped_now)
+
+    @property
+    def train_epoch_step(self) -> int:
+        """Lightning's step for training epoch-end values: the step of the epoch's last step values."""
+        return self._progress.stepped_batches - 1
 
     def epoch_end(self, computed: dict[str, dict[str, Tensor]], step: int, epoch: int | None) -> dict[str, float]:
         """Record epoch values (from ResultCollection.epoch_end) and send them to the loggers."""

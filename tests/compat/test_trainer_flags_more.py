@@ -256,3 +256,47 @@ def test_a_requested_stop_logs_its_steps_as_in_lightning(tmp_path: Path):
     lightning.Trainer(**flags, **quiet, logger=TheirCSV(tmp_path / "theirs")).fit(theirs, _loader(88, False))
     Trainer(**flags, **quiet, logger=CSVLogger(tmp_path / "ours")).fit(ours, _loader(88, False))
     assert _logged_steps(tmp_path / "ours") == _logged_steps(tmp_path / "theirs")
+
+
+class _EpochLogs:
+    """Logs a step value, a training epoch value and a validation value."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)  # type: ignore[misc]
+        self.log("loss_epoch_mean", loss, on_step=False, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        super().validation_step(batch, batch_idx)  # type: ignore[misc]
+        self.log("val", batch[1].sum())
+
+
+def _csv_rows(folder: Path) -> list[tuple[int, list[str]]]:
+    (path,) = folder.rglob("metrics.csv")
+    with path.open() as f:
+        return [(int(row["step"]), sorted(k for k, v in row.items() if v and k not in ("step", "epoch")))
+                for row in csv.DictReader(f)]
+
+
+@pytest.mark.parametrize("flags", [{"accumulate_grad_batches": 2, "val_check_interval": 5, "log_every_n_steps": 2},
+                                   {"accumulate_grad_batches": 1, "val_check_interval": 0.5, "log_every_n_steps": 3}])
+def test_step_epoch_and_validation_rows_are_lightnings(tmp_path: Path, flags: dict[str, Any]):
+    lightning, _ = _lightning()
+    from lightning.pytorch.loggers import CSVLogger as TheirCSV
+
+    from trainer.loggers import CSVLogger
+
+    class Theirs(_EpochLogs, _Body, lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self._build()
+
+    class Ours(_EpochLogs, Net):
+        pass
+
+    quiet = {k: v for k, v in LIGHTNING_QUIET.items() if k != "logger"}
+    lightning.Trainer(max_epochs=2, num_sanity_val_steps=0, **flags, **quiet,
+                      logger=TheirCSV(tmp_path / "theirs")).fit(Theirs(), _loader(40, False), _loader(8, False))
+    Trainer(max_epochs=2, num_sanity_val_steps=0, **flags, **quiet,
+            logger=CSVLogger(tmp_path / "ours")).fit(Ours(), _loader(40, False), _loader(8, False))
+    assert _csv_rows(tmp_path / "ours") == _csv_rows(tmp_path / "theirs")
