@@ -78,7 +78,7 @@ def test_on_step_and_on_epoch_together_create_suffixed_keys():
     trainer = Trainer(max_epochs=1, log_every_n_steps=1, limit_val_batches=0, **{**QUIET, "logger": logger})
     trainer.fit(M())
     assert logger.rows[0] == (0, {"loss_step": 0.0, "epoch": 0})  # Lightning's step: the steps before this one
-    assert logger.rows[-1] == (8, {"loss_epoch": 3.5, "epoch": 0})
+    assert logger.rows[-1] == (7, {"loss_epoch": 3.5, "epoch": 0})  # Lightning's: the last batch's step
     assert float(trainer.callback_metrics["loss_epoch"]) == 3.5
     assert float(trainer.callback_metrics["loss"]) == 3.5
     assert trainer.progress_bar_metrics == {"loss_step": 7.0, "loss_epoch": 3.5}
