@@ -154,6 +154,32 @@ def test_validation_runs_when_the_interval_has_passed():
     assert model.val_at == [3, 6, 9, 12, 15, 18]
 
 
+def test_validation_by_the_clock_runs_after_lightnings_batches(monkeypatch: pytest.MonkeyPatch):
+    """Both loops read time.monotonic; a fake one that advances 1 s per training batch makes the runs comparable."""
+    import time
+
+    lightning, _ = _lightning()
+
+    class TimedTheirs(_Body, lightning.LightningModule):
+        def __init__(self, clock: _Clock) -> None:
+            super().__init__()
+            self._build()
+            self.clock = clock
+
+        on_train_batch_end = Timed.on_train_batch_end
+
+    runs = []
+    for build, make in ((lambda **f: lightning.Trainer(**f, **LIGHTNING_QUIET), TimedTheirs),
+                        (lambda **f: Trainer(**f, **QUIET), Timed)):
+        clock = _Clock()
+        monkeypatch.setattr(time, "monotonic", clock)
+        model = make(clock)
+        build(max_epochs=3, val_check_interval="00:00:00:4", num_sanity_val_steps=0, check_val_every_n_epoch=1,
+              limit_val_batches=1).fit(model, _loader(shuffle=False), _loader(8, shuffle=False))
+        runs.append(model.val_at)
+    assert runs[0] == runs[1] != []
+
+
 def _val_steps_on_a_rank(rank: int) -> list[int]:
     import time
 
