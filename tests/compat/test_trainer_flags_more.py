@@ -180,6 +180,36 @@ def test_validation_by_the_clock_runs_after_lightnings_batches(monkeypatch: pyte
     assert runs[0] == runs[1] != []
 
 
+def test_checkpoints_follow_the_timed_validations_as_in_lightning(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """Lightning's ModelCheckpoint saves after a timed validation, not at the training epoch's end."""
+    import time
+
+    from callbacks import ModelCheckpoint
+
+    lightning, _ = _lightning()
+
+    class TimedTheirs(_Body, lightning.LightningModule):
+        def __init__(self, clock: _Clock) -> None:
+            super().__init__()
+            self._build()
+            self.clock = clock
+
+        on_train_batch_end = Timed.on_train_batch_end
+
+    saved = []
+    for side, checkpoint, build, make in (
+            ("theirs", lightning.callbacks.ModelCheckpoint, lightning.Trainer, TimedTheirs),
+            ("ours", ModelCheckpoint, Trainer, Timed)):
+        clock = _Clock()
+        monkeypatch.setattr(time, "monotonic", clock)
+        quiet = {**(LIGHTNING_QUIET if side == "theirs" else QUIET), "enable_checkpointing": True}
+        cb = checkpoint(dirpath=tmp_path / side, save_top_k=-1)
+        build(max_epochs=2, val_check_interval={"seconds": 7}, num_sanity_val_steps=0, limit_val_batches=1,
+              callbacks=[cb], **quiet).fit(make(clock), _loader(shuffle=False), _loader(8, shuffle=False))
+        saved.append(sorted(p.name for p in (tmp_path / side).iterdir()))
+    assert saved[0] == saved[1] != []
+
+
 def _val_steps_on_a_rank(rank: int) -> list[int]:
     import time
 
