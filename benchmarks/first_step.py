@@ -120,6 +120,9 @@ def run_child(variant: str, root: Path) -> dict[str, float]:
     path = os.environ.get("PYTHONPATH")
     env = {**os.environ, "PYTHONPATH": str(REPO) + (os.pathsep + path if path else ""), "OMP_NUM_THREADS": "1",
            "PYTHONWARNINGS": "ignore"}
+    # A user's Python caches bytecode: without the cache every import inside the clock would compile its source
+    # (the development sandbox sets PYTHONDONTWRITEBYTECODE); the warm-up round writes it.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     done = subprocess.run([sys.executable, __file__, "--child", variant, "--root", str(root)], capture_output=True,
                           text=True, cwd=root, env=env, timeout=300)
     if done.returncode != 0:

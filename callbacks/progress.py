@@ -1,4 +1,4 @@
-"""ProgressBar: a tqdm bar per epoch and per evaluation (tqdm is imported only when a bar starts)."""
+"""ProgressBar: Lightning's TQDMProgressBar on ProgressBarBase's rules (tqdm is imported only when a bar opens)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from callbacks.base import Callback
+from callbacks.progress_base import EVAL, TRAIN, ProgressBarBase
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -36,8 +36,9 @@ class _LineBar:
         print(f"{self.desc}: {self.n}/{total} batches in {time.monotonic() - self.start:.1f}s{metrics}", flush=True)
 
 
-class ProgressBar(Callback):
-    """Shows training and evaluation progress on rank 0; metrics logged with prog_bar=True appear on it.
+class ProgressBar(ProgressBarBase):
+    """Shows training and evaluation progress on rank 0 (Lightning's `TQDMProgressBar`); metrics logged with
+    prog_bar=True (and the logger's version, `v_num`) appear on the training bar.
 
     On a terminal it draws tqdm bars, reading metrics (a device sync) only when tqdm redraws; when
     stdout is not a terminal it prints one plain line per epoch and per evaluation instead.
@@ -45,29 +46,27 @@ class ProgressBar(Callback):
 
     Args:
         refresh_rate: redraw every N batches.
-        leave: keep each finished bar on screen.
+        leave: keep each epoch's finished training bar on screen (else one bar is redrawn for every epoch).
         plain: True forces plain lines, False forces tqdm bars, None decides by the terminal.
     """
 
     def __init__(self, refresh_rate: int = 1, leave: bool = False, plain: bool | None = None) -> None:
+        super().__init__()
         self.refresh_rate = max(1, int(refresh_rate))
         self.leave = leave
         self.plain = plain
-        self._bar: Any = None
-        self._eval_bar: Any = None
-        self._pending = 0
+        self._bars: dict[str, Any] = {}
+        self._pending = 0  # training batches done but not yet passed to tqdm
 
     def print(self, *args: Any, sep: str = " ", end: str = "\n", **kwargs: Any) -> None:
         """Print above an open tqdm bar without breaking it (what `TrainModule.print` calls); else plain print."""
-        bar = self._eval_bar or self._bar
+        bar = self._bars.get(EVAL) or self._bars.get(TRAIN)
         if bar is None or isinstance(bar, _LineBar):
             print(*args, sep=sep, end=end, **kwargs)
             return
         bar.write(sep.join(map(str, args)), end=end, file=kwargs.get("file"))
 
-    def _new_bar(self, trainer: Trainer, desc: str, total: int | float, leave: bool) -> Any:
-        if not trainer.is_global_zero:
-            return None
+    def _new_bar(self, desc: str, total: int | float, leave: bool) -> Any:
         plain = self.plain if self.plain is not None else not sys.stdout.isatty()
         if plain:
             return _LineBar(desc, total)
@@ -78,89 +77,52 @@ class ProgressBar(Callback):
         return tqdm(total=None if total == math.inf else int(total), desc=desc, leave=leave, ncols=size.columns,
                     nrows=rows, file=sys.stdout, mininterval=0.5, smoothing=0)
 
-    def on_train_epoch_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
-        self._close_train()
-        self._bar = self._new_bar(trainer, f"Epoch {trainer.current_epoch}", trainer.num_training_batches, True)
+    def _open(self, role: str, description: str, total: int | float) -> None:
         self._pending = 0
-
-    def on_train_batch_end(self, trainer: Trainer, pl_module: TrainModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        if self._bar is None:
+        bar = self._bars.get(role)
+        if role == TRAIN and not self.leave and bar is not None and not isinstance(bar, _LineBar):
+            bar.reset(total=None if total == math.inf else int(total))  # one training bar, redrawn each epoch
+            bar.set_description(description, refresh=False)
             return
+        self._close(role, hide=False)
+        self._bars[role] = self._new_bar(description, total, leave=role == TRAIN)
+
+    def _advance(self, role: str, completed: int) -> bool:
+        bar = self._bars.get(role)
+        if bar is None:
+            return False
+        if role == EVAL:
+            bar.update(1)
+            return False
         self._pending += 1
-        if self._pending >= self.refresh_rate:
-            if self._bar.update(self._pending):
-                self._bar.set_postfix(trainer.progress_bar_metrics, refresh=False)
+        if self._pending < self.refresh_rate:
+            return False
+        redraws = bool(bar.update(self._pending))
+        self._pending = 0
+        return redraws
+
+    def _show_metrics(self, metrics: dict[str, Any]) -> None:
+        bar = self._bars.get(TRAIN)
+        if bar is None:
+            return
+        if self._pending:  # the epoch ends: count the batches the refresh rate held back
+            bar.update(self._pending)
             self._pending = 0
+        bar.set_postfix(metrics, refresh=False)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
-        if self._bar is not None:
-            self._bar.update(self._pending)
-            self._bar.set_postfix(trainer.progress_bar_metrics, refresh=False)
-            self._pending = 0
-            if isinstance(self._bar, _LineBar):
-                self._close_train()
+        super().on_train_epoch_end(trainer, pl_module)
+        if isinstance(self._bars.get(TRAIN), _LineBar):
+            self._close(TRAIN, hide=False)  # a plain line is written once the epoch (and its validation) is over
 
-    def on_train_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
-        self._close_train()
+    def _close(self, role: str, hide: bool) -> None:
+        bar = self._bars.pop(role, None)
+        if bar is None:
+            return
+        if role == EVAL and isinstance(bar, _LineBar) and not self.trainer.predicting:
+            bar.set_postfix(self.get_metrics(self.trainer, self.trainer.lightning_module))
+        bar.close()
 
-    def _close_train(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
-
-    def _eval_start(self, trainer: Trainer, desc: str) -> None:
-        total = sum(_eval_batches(trainer)) if trainer.state.stage else 0
-        self._eval_bar = self._new_bar(trainer, desc, total, False)
-
-    def _eval_advance(self) -> None:
-        if self._eval_bar is not None:
-            self._eval_bar.update(1)
-
-    def _eval_end(self, trainer: Trainer | None = None) -> None:
-        if isinstance(self._eval_bar, _LineBar) and trainer is not None:
-            self._eval_bar.set_postfix({k: v for k, v in trainer.progress_bar_metrics.items()})
-        if self._eval_bar is not None:
-            self._eval_bar.close()
-            self._eval_bar = None
-
-    def on_validation_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
-        self._eval_start(trainer, "Sanity check" if trainer.sanity_checking else "Validation")
-
-    def on_validation_batch_end(self, trainer: Trainer, pl_module: TrainModule, outputs: Any, batch: Any,
-                                batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._eval_advance()
-
-    def on_validation_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
-        self._eval_end(trainer)
-
-    def on_test_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
-        self._eval_start(trainer, "Testing")
-
-    def on_test_batch_end(self, trainer: Trainer, pl_module: TrainModule, outputs: Any, batch: Any,
-                          batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._eval_advance()
-
-    def on_test_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
-        self._eval_end(trainer)
-
-    def on_predict_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
-        self._eval_bar = self._new_bar(trainer, "Predicting", sum(trainer.num_predict_batches), False)
-
-    def on_predict_batch_end(self, trainer: Trainer, pl_module: TrainModule, outputs: Any, batch: Any,
-                             batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._eval_advance()
-
-    def on_predict_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
-        self._eval_end()
-
-    def on_exception(self, trainer: Trainer, pl_module: TrainModule, exception: BaseException) -> None:
-        self._close_train()
-        self._eval_end()
-
-
-def _eval_batches(trainer: Trainer) -> list[int | float]:
-    """The batch counts of the evaluation that is starting, one per loader."""
-    if trainer.sanity_checking:
-        return trainer.num_sanity_val_batches
-    return trainer.num_test_batches if trainer.testing else trainer.num_val_batches
+    def _stop(self) -> None:
+        for role in (TRAIN, EVAL):
+            self._close(role, hide=False)

@@ -254,6 +254,12 @@ class Strategy(ABC):
         """Kwargs for a DistributedSampler (num_replicas, rank), or None when no sampler is injected."""
         return None
 
+    @property
+    def evaluation_shards_even(self) -> bool:
+        """Whether every rank must run as many evaluation batches: true where the forward itself is a collective
+        (FSDP2 gathers parameters), so a rank that ran out would leave the others waiting in it."""
+        return False
+
     def batch_to_device(self, batch: Any, move: Callable[[Any, torch.device], Any] | None = None) -> Any:
         """Move the tensors of a (nested) batch to this rank's device, cast for `*-true` precisions.
 

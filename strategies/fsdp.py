@@ -71,6 +71,11 @@ class FSDPStrategy(ParallelStrategy):
         """How errors name this strategy."""
         return type(self).__name__
 
+    @property
+    def evaluation_shards_even(self) -> bool:
+        """FSDP2's forward gathers each unit's parameters: every rank joins every evaluation forward."""
+        return True
+
     def supported_precisions(self) -> tuple[str, ...]:
         return FSDP_PRECISIONS
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-HEAVY = ("tensorboard", "omegaconf", "tqdm", "torchmetrics", "lightning")
+HEAVY = ("tensorboard", "omegaconf", "tqdm", "torchmetrics", "lightning", "rich")
 # the optional integrations: imported when a logger starts its run or a URL is used, never by `import trainer`
 OPTIONAL = ("mlflow", "wandb", "fsspec", "s3fs", "boto3", "botocore", "aiobotocore", "moto")
 
@@ -31,7 +31,7 @@ def test_import_trainer_loads_no_heavy_optional_dependency():
     )
     new_heavy = [m for m in result["new"] if m.split(".")[0] in HEAVY]
     assert new_heavy == []
-    for name in ("tensorboard", "omegaconf", "torchmetrics", "lightning"):
+    for name in ("tensorboard", "omegaconf", "torchmetrics", "lightning", "rich"):
         assert name not in result["all"]
 
 
@@ -64,3 +64,17 @@ def test_public_names_import():
     from strategies import SingleDeviceStrategy, Strategy  # noqa: F401
     from trainer import DataModule, Trainer, TrainModule, rank_zero_only, seed_everything  # noqa: F401
     from trainer.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger  # noqa: F401
+
+
+def test_callbacks_names_load_on_first_use():
+    """`callbacks` imports each name's module when it is first used: every exported name resolves, and importing one
+    callback loads no other callback module (time to first step)."""
+    code = ("import sys, callbacks; from callbacks import Timer; import callbacks.base; "
+            "print(sorted(m for m in sys.modules if m.startswith('callbacks.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['callbacks.base', 'callbacks.timer']"
+    import callbacks
+
+    assert callbacks.__all__ == sorted(callbacks.__all__) and set(dir(callbacks)) >= set(callbacks.__all__)
+    for name in callbacks.__all__:
+        assert getattr(callbacks, name).__name__ == name

@@ -15,19 +15,36 @@ _LIMIT_FLAGS = {"train": "limit_train_batches", "val": "limit_val_batches", "tes
                 "predict": "limit_predict_batches"}
 
 
-def resolve_loaders(stage: str, given: Any, datamodule: Any, module: Any) -> list[Iterable]:
-    """Loaders for `stage`, from the argument, else the datamodule's hook, else the module's hook."""
-    source = given
+def requested(stage: str, given: Any, datamodule: Any, module: Any) -> Any:
+    """What the user gives for `stage`: the argument, else the datamodule's hook, else the module's hook."""
+    if given is not None:
+        return given
     hook = _HOOKS[stage]
-    if source is None:
-        for owner in (datamodule, module):
-            fn = getattr(owner, hook, None) if owner is not None else None
-            if fn is not None and not getattr(fn, "_is_default_hook", False):
-                source = fn()
-                break
+    for owner in (datamodule, module):
+        fn = getattr(owner, hook, None) if owner is not None else None
+        if fn is not None and not getattr(fn, "_is_default_hook", False):
+            return fn()
+    return None
+
+
+def resolve_loaders(stage: str, given: Any, datamodule: Any, module: Any) -> list[Iterable]:
+    """The evaluation or prediction loaders for `stage`, in `dataloader_idx` order: one loader, a list or tuple,
+    the values of a dict, or the iterables of a `CombinedLoader(mode="sequential")`."""
+    from trainer.combined_loader import CombinedLoader
+
+    source = requested(stage, given, datamodule, module)
     if source is None:
         return []
-    loaders = list(source) if isinstance(source, (list, tuple)) else [source]
+    hook = _HOOKS[stage]
+    if isinstance(source, CombinedLoader):
+        if source.mode != "sequential":
+            raise MisconfigurationError(
+                f"{hook}: a CombinedLoader(mode={source.mode!r}) for {stage} is not supported here; evaluation and "
+                "prediction read several loaders one after another: use mode='sequential' (or pass a list)."
+            )
+        source = source.flattened
+    loaders = list(source.values()) if isinstance(source, dict) else \
+        list(source) if isinstance(source, (list, tuple)) else [source]
     for loader in loaders:
         if not isinstance(loader, Iterable):
             raise MisconfigurationError(
@@ -60,6 +77,11 @@ def limit_batches(stage: str, length: int | float, limit: int | float) -> int | 
 
 def set_epoch(loader: Iterable, epoch: int) -> None:
     """Tell samplers (DistributedSampler and friends) which epoch starts, so shuffling changes per epoch."""
+    inner = getattr(loader, "inner_loaders", None)
+    if callable(inner):  # several training loaders read together
+        for each in inner():
+            set_epoch(each, epoch)
+        return
     for obj in (getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None),
                 getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
         fn = getattr(obj, "set_epoch", None)
@@ -68,7 +90,11 @@ def set_epoch(loader: Iterable, epoch: int) -> None:
 
 
 def runs_out(loader: Iterable, batches: int | float) -> bool:
-    """Whether reading `batches` batches reads all of `loader`, so that a `for` loop over it would go on to its end."""
+    """Whether reading `batches` batches reads all of `loader`, so that a `for` loop over it would go on to its end.
+    Never for several loaders read together: Lightning reads no batch past the combined length there (a shorter
+    loader asked for one more would start its next pass, drawing from the RNG)."""
+    if callable(getattr(loader, "inner_loaders", None)):
+        return False
     return batches != math.inf and loader_length(loader) == batches
 
 

@@ -27,10 +27,11 @@ from trainer.hooks import HookDispatcher
 from trainer.metrics import MetricsRouter
 from trainer.optim import SchedulerConfig, SchedulerStepper
 from trainer.position import LoopPosition
+from trainer.predictions import PredictLoop
 from trainer.results import ResultCollection
 from trainer.run_setup import StageLoaders
 from trainer.schedule import FitSchedule
-from trainer.state import Progress, RunningStage
+from trainer.state import Progress, RunningStage, TrainerFn
 
 if TYPE_CHECKING:
     from trainer.resume import ResumePoint
@@ -68,6 +69,7 @@ class FitState:
         launcher_pid: the process that built the Trainer; a rank in another one (spawn) sends its outcome back.
         transfer: the batch-transfer hooks (trainer/batch_transfer.py), picked once per run.
         no_batch_idx: the step methods whose signature takes no `batch_idx` (trainer/step_signature.py).
+        predict_loop: what predict keeps: predictions and the batches' dataset indices (trainer/predictions.py).
     """
 
     trainer: Trainer
@@ -95,6 +97,7 @@ class FitState:
     launcher_pid: int = field(default_factory=os.getpid)
     transfer: BatchTransfer = field(default_factory=BatchTransfer)
     no_batch_idx: frozenset[str] = frozenset()
+    predict_loop: PredictLoop = field(default_factory=PredictLoop)
 
     @contextmanager
     def using_results(self, results: ResultCollection) -> Iterator[ResultCollection]:
@@ -133,6 +136,12 @@ class FitState:
             self.strategy.clip_gradients(optimizer, max_norm=value)
         else:
             self.strategy.clip_gradients(optimizer, max_value=value)
+
+    def reload_dataloaders(self) -> None:
+        """Build this run's loaders again from their sources, and the fit's schedule on the new batch counts."""
+        self.loaders.reload()
+        if self.trainer.state.fn == TrainerFn.FITTING:
+            self.schedule.start(self.loaders.num_train, bool(self.loaders.val), self.strategy.world_size)
 
     def eval_loaders(self, stage: RunningStage) -> tuple[list[Any], list[int | float]]:
         """The loaders an evaluation stage runs over, and how many batches of each (sanity: its few steps)."""

@@ -203,7 +203,6 @@ _EVAL_ACTION = {RunningStage.VALIDATING: "run_validation", RunningStage.SANITY_C
 def run_evaluation(loop: FitState, stage: RunningStage) -> list[dict[str, float]]:
     """Validation, sanity check or test over every eval loader; returns one metrics dict per loader."""
     s, prefix, state = loop.strategy, _PREFIX[stage], loop.trainer.state
-    loaders, limits = loop.eval_loaders(stage)
     module, mode = s.module, ModuleMode()
     previous_stage, state.stage = state.stage, stage
     with loop.using_results(loop.new_eval_results()) as results:
@@ -212,6 +211,7 @@ def run_evaluation(loop: FitState, stage: RunningStage) -> list[dict[str, float]
         mode.enter(module, prefix)  # on_{validation,test}_model_eval
         call_hook(loop, f"on_{prefix}_start")
         call_hook(loop, f"on_{prefix}_epoch_start")
+        loaders, limits = loop.eval_loaders(stage)  # after the start hooks: BatchSizeFinder may rebuild them
         many = len(loaders) > 1
         with loop.strategy.evaluation_context(_inference_mode(loop)), \
                 loop.trainer.profiler.action(_EVAL_ACTION[stage]):
@@ -291,33 +291,31 @@ def _split_by_loader(metrics: Mapping[str, float], count: int) -> list[dict[str,
 
 
 def run_predict(loop: FitState, return_predictions: bool = True) -> list[Any] | None:
-    """Predict over every predict loader; returns predictions (a list per loader when several)."""
-    loaders, limits = loop.loaders.predict, loop.loaders.predict_limits
-    module, mode = loop.strategy.module, ModuleMode()
+    """Predict over every predict loader; returns predictions (a list per loader when several), on every rank
+    those of all ranks in the data set's order; None with `return_predictions=False`."""
+    module, mode, kept = loop.strategy.module, ModuleMode(), loop.predict_loop
     mode.enter(module, "predict")  # on_predict_model_eval
     loop.trainer.state.stage = RunningStage.PREDICTING
-    many = len(loaders) > 1
-    all_predictions: list[list[Any]] = []
     call_hook(loop, "on_predict_start")
     call_hook(loop, "on_predict_epoch_start")
+    loaders, limits = loop.loaders.predict, loop.loaders.predict_limits  # after the hooks (BatchSizeFinder)
+    kept.start(loaders, return_predictions, loop.trainer.callbacks, loop.strategy.world_size)
+    many = len(loaders) > 1
     with loop.strategy.evaluation_context(_inference_mode(loop)), loop.trainer.profiler.action("run_predict"):
         for dl_idx, (loader, limit) in enumerate(zip(loaders, limits, strict=True)):
-            predictions: list[Any] = []
             extra = (dl_idx,) if many else ()
             for batch_idx, batch, _ in data.iterate(loader, limit):
+                kept.batch_fetched(dl_idx, batch_idx)  # the batch's dataset indices, for prediction writers
                 batch = loop.to_device(batch, dl_idx)
                 call_hook(loop, "on_predict_batch_start", batch, batch_idx, *extra)
                 out = loop.run_step("predict_step", batch, batch_idx, *extra)
                 call_hook(loop, "on_predict_batch_end", out, batch, batch_idx, *extra)
-                if return_predictions:
-                    predictions.append(out)
-            all_predictions.append(predictions)
+                kept.add(dl_idx, out)
     call_hook(loop, "on_predict_epoch_end")
+    kept.end()
     call_hook(loop, "on_predict_end")
     mode.leave(module, "predict")
-    if not return_predictions:
-        return None
-    return all_predictions if many else (all_predictions[0] if all_predictions else [])
+    return kept.result(loop.strategy)  # every rank's predictions in the data set's order (trainer/predictions.py)
 
 
 def _inference_mode(loop: FitState) -> bool:

@@ -107,6 +107,12 @@ class MetricsRouter:
         for logger in self.loggers:
             logger.log_metrics(values, step=step)
 
+    def send_computed(self, values: dict[str, float], step: int) -> None:
+        """Send values a callback computed to the loggers and into `logged_metrics` (Lightning's
+        `trainer._logger_connector.log_metrics`, which ThroughputMonitor logs through); nothing without a logger."""
+        if self.loggers and values:
+            self._send(values, step)
+
     # --- updates from the loops -------------------------------------------------------------------
     def step_end(self, results: ResultCollection, stepped: bool, epoch: int, stopping: bool = False) -> None:
         """After each training batch (`stepped`: it closed an accumulation window): send its step values to the
@@ -135,6 +141,9 @@ class MetricsRouter:
 
     def epoch_end(self, computed: dict[str, dict[str, Tensor]], step: int, epoch: int | None) -> dict[str, float]:
         """Record epoch values (from ResultCollection.epoch_end) and send them to the loggers."""
+        if self._live is not None:  # the bar lists names in the order they were first logged, as Lightning's does
+            for key, value in self._live.step_metrics("prog_bar").items():
+                self._progress_bar.setdefault(key, value)
         self._callback.update(computed["callback"])
         self._progress_bar.update(computed["prog_bar"])
         values = to_python(computed["logger"])

@@ -144,17 +144,17 @@ class SchedulerStepper:
 
     def __init__(self, configs: list[SchedulerConfig],
                  step_one: Callable[[Any, Any], None] = step_scheduler) -> None:
-        self.configs = configs
+        self.configs = configs  # read at each step: a callback may swap a scheduler in (StochasticWeightAveraging)
         self.step_one = step_one
-        self._step_configs = [c for c in configs if c.interval == "step"]
-        self._epoch_configs = [c for c in configs if c.interval == "epoch"]
-        self.has_step_schedulers = bool(self._step_configs)
+
+    @property
+    def has_step_schedulers(self) -> bool:
+        return any(c.interval == "step" for c in self.configs)
 
     def step(self, interval: str, count: int, metrics: Mapping[str, Any]) -> None:
         """Step schedulers of `interval` that are due at `count` (optimizer steps or finished epochs)."""
-        configs = self._step_configs if interval == "step" else self._epoch_configs
-        for config in configs:
-            if count % config.frequency:
+        for config in self.configs:
+            if config.interval != interval or count % config.frequency:
                 continue
             if config.needs_metric:
                 value = metrics.get(config.monitor) if config.monitor else None  # set: checked when configured

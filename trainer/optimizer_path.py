@@ -70,7 +70,7 @@ class TrainingClosure:
     def __init__(self, loop: FitState, batch: Any, batch_idx: int, is_last: bool, is_last_micro: bool) -> None:
         self.loop, self.batch, self.batch_idx = loop, batch, batch_idx
         self.is_last, self.is_last_micro = is_last, is_last_micro
-        self.zero_grad = batch_idx % loop.spec.accumulate_grad_batches == 0  # the first batch of its window
+        self.zero_grad = batch_idx % loop.schedule.accumulate_grad_batches == 0  # the first batch of its window
         self.output: Any = None
         self.loss: Tensor | None = None
         self.calls = 0
@@ -87,7 +87,7 @@ class TrainingClosure:
         if skip or loss is None:
             return None
         call_hook(loop, "on_before_backward", loss)
-        accumulate = loop.spec.accumulate_grad_batches
+        accumulate = loop.schedule.accumulate_grad_batches
         results = loop.results
         previous, results.current_fx = results.current_fx, "backward"
         try:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from trainer.fit_state import FitState
     from trainer.metrics import MetricsRouter
     from trainer.optim import SchedulerConfig
+    from trainer.predictions import PredictLoop
 
 
 class TrainerProperties:
@@ -38,8 +39,19 @@ class TrainerProperties:
     """The `min_epochs` flag."""
     max_steps = property(lambda self: self.fit_state.spec.max_steps)
     """The `max_steps` flag (-1: no step limit)."""
-    accumulate_grad_batches = property(lambda self: self.fit_state.spec.accumulate_grad_batches)
-    """Batches per optimizer step."""
+    @property
+    def accumulate_grad_batches(self) -> int:
+        """Batches per optimizer step: the flag, or what a callback set (GradientAccumulationScheduler)."""
+        return self.fit_state.schedule.accumulate_grad_batches
+
+    @accumulate_grad_batches.setter
+    def accumulate_grad_batches(self, value: int) -> None:
+        """Settable, as in Lightning; the loop reads it at each batch, so set it in `on_train_epoch_start`: the
+        accumulation windows are counted from each epoch's first batch."""
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise MisconfigurationError(f"trainer.accumulate_grad_batches = {value!r}: use an int >= 1.")
+        self.fit_state.schedule.accumulate_grad_batches = value
+
     gradient_clip_val = property(lambda self: self.fit_state.spec.gradient_clip_val)
     """The clipping threshold, or None."""
     gradient_clip_algorithm = property(lambda self: self.fit_state.spec.gradient_clip_algorithm)
@@ -172,10 +184,10 @@ class TrainerProperties:
 
     @property
     def progress_bar_callback(self) -> Any:
-        """The ProgressBar callback, or None."""
-        from callbacks.progress import ProgressBar
+        """The progress bar callback (ProgressBar, RichProgressBar or another ProgressBarBase), or None."""
+        from callbacks.progress_base import ProgressBarBase
 
-        found = [cb for cb in self.callbacks if isinstance(cb, ProgressBar)]
+        found = [cb for cb in self.callbacks if isinstance(cb, ProgressBarBase)]
         return found[0] if found else None
 
     @property
@@ -200,7 +212,7 @@ class TrainerProperties:
             )
         if loaders.num_train == math.inf:
             return spec.max_steps if spec.max_steps != -1 else math.inf
-        steps = math.ceil(loaders.num_train / spec.accumulate_grad_batches) * max(spec.max_epochs, 1)
+        steps = math.ceil(loaders.num_train / self.accumulate_grad_batches) * max(spec.max_epochs, 1)
         return min(steps, spec.max_steps) if spec.max_steps != -1 else steps
 
     @property
@@ -243,6 +255,12 @@ class TrainerProperties:
     def num_predict_batches(self) -> list[int | float]:
         """Predict batches per loader after `limit_predict_batches`."""
         return list(self.fit_state.loaders.predict_limits)
+
+    @property
+    def predict_loop(self) -> PredictLoop:
+        """The predict run's predictions and batch indices, as a `BasePredictionWriter` reads them (Lightning's
+        `trainer.predict_loop`: `predictions`, `current_batch_indices`, `epoch_batch_indices`, `return_predictions`)."""
+        return self.fit_state.predict_loop
 
     @property
     def validating(self) -> bool:

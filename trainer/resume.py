@@ -181,6 +181,15 @@ def open_epoch(loop: FitState, loader: Any) -> tuple[Any, int]:
 
 
 def _replay(loader: Any, sampler: Any, point: ResumePoint) -> Any:
+    if getattr(sampler, "replays_by_state", False):  # the loader restores its own position (trainer/sampling.py)
+        sampler.begin_epoch(point.sampler_state)
+        return iter(loader)
+    if getattr(sampler, "replays_by_reading", False):  # several loaders read together (trainer/sampling.py)
+        sampler.begin_epoch(point.sampler_state)
+        iterator = iter(loader)
+        for _ in range(point.batches_done):
+            next(iterator, None)
+        return iterator
     batch_size = getattr(loader, "batch_size", None)
     if sampler is not None and batch_size:
         sampler.begin_epoch(point.sampler_state, skip=point.batches_done * batch_size)

@@ -3,6 +3,7 @@ stage, and the checkpoint a run resumes from. Kept out of trainer.py so that fil
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,9 +13,10 @@ from strategies.distributed import rank_zero_info, rank_zero_warn
 from strategies.exceptions import ConfigError, MisconfigurationError
 from strategies.filesystem import AnyPath, join, parent, to_path
 from trainer import data, overfit
+from trainer.combined_loader import MODES, CombinedLoader, TrainingBatches
 from trainer.flags import RunSpec
 from trainer.loggers.base import run_folder
-from trainer.sampling import prepare_loader
+from trainer.sampling import prepare_loader, record_indices
 from trainer.seed import seed_workers_of
 from trainer.state import TrainerFn
 
@@ -46,7 +48,6 @@ def build_callbacks(callbacks: Any, spec: RunSpec) -> list[Any]:
     from callbacks.base import Callback
     from callbacks.checkpoint import ModelCheckpoint
     from callbacks.model_summary import ModelSummary
-    from callbacks.progress import ProgressBar
 
     given = list(callbacks) if isinstance(callbacks, (list, tuple)) else ([callbacks] if callbacks else [])
     for cb in given:
@@ -57,10 +58,11 @@ def build_callbacks(callbacks: Any, spec: RunSpec) -> list[Any]:
         raise ConfigError("a ModelCheckpoint callback was given but enable_checkpointing=False; drop one of them.")
     if spec.enable_checkpointing and not has(ModelCheckpoint):
         given.append(ModelCheckpoint())
-    if spec.enable_progress_bar and not has(ProgressBar):
-        given.append(ProgressBar())
+    bar = _progress_bar(given, spec)
+    if bar is not None and bar not in given:
+        given.append(bar)
     if spec.enable_model_summary and not has(ModelSummary):
-        given.append(ModelSummary())
+        given.append(_default_summary(bar))
     if spec.fast_dev_run:
         given = [cb for cb in given if not isinstance(cb, ModelCheckpoint)]
     keys = [cb.state_key for cb in given]
@@ -72,6 +74,36 @@ def build_callbacks(callbacks: Any, spec: RunSpec) -> list[Any]:
     return [cb for cb in given if not isinstance(cb, ModelCheckpoint)] + [
         cb for cb in given if isinstance(cb, ModelCheckpoint)
     ]
+
+
+def _progress_bar(given: list[Any], spec: RunSpec) -> Any:
+    """The run's progress bar: the one given (one at most, and only with `enable_progress_bar=True`, as in
+    Lightning), else a `ProgressBar` when enabled."""
+    from callbacks.progress import ProgressBar
+    from callbacks.progress_base import ProgressBarBase
+
+    bars = [cb for cb in given if isinstance(cb, ProgressBarBase)]
+    if len(bars) > 1:
+        raise ConfigError(f"callbacks has {len(bars)} progress bars ({', '.join(type(b).__name__ for b in bars)}); "
+                          "a Trainer takes one.")
+    if bars and not spec.enable_progress_bar:
+        raise ConfigError(f"Trainer(enable_progress_bar=False) was given a {type(bars[0]).__name__} callback; "
+                          "drop one of them.")
+    if bars:
+        return bars[0]
+    return ProgressBar() if spec.enable_progress_bar else None
+
+
+def _default_summary(bar: Any) -> Any:
+    """ModelSummary, or RichModelSummary beside a RichProgressBar (rich is there then)."""
+    from callbacks.model_summary import ModelSummary
+    from callbacks.rich_progress import RichProgressBar
+
+    if isinstance(bar, RichProgressBar):
+        from callbacks.rich_model_summary import RichModelSummary
+
+        return RichModelSummary()
+    return ModelSummary()
 
 
 @dataclass
@@ -86,32 +118,31 @@ class StageLoaders:
     test_limits: list[int | float] = field(default_factory=list)
     predict: list[Any] = field(default_factory=list)
     predict_limits: list[int | float] = field(default_factory=list)
+    given: dict[str, Any] = field(default_factory=dict)  # the loaders passed to the entry point (None: none)
+    _last: tuple[Any, ...] = ()
 
     def resolve(self, spec: RunSpec, strategy: Strategy, module: Any, datamodule: Any, fn: TrainerFn,
                 given: dict[str, Any]) -> None:
         """Resolve the loaders `fn` needs (arguments > datamodule > module hooks), samplers injected, limits applied."""
+        self.given, self._last = dict(given), (spec, strategy, module, datamodule, fn, given)
         sampler_kwargs = strategy.distributed_sampler_kwargs if spec.use_distributed_sampler else None
 
         def prepare(stage: str, training: bool) -> tuple[list[Any], list[int | float]]:
             loaders = data.resolve_loaders(stage, given.get(stage), datamodule, module)
             if spec.overfit_batches and fn == TrainerFn.FITTING:  # Lightning's rule: in fit only
                 loaders = overfit.in_order(loaders, stage)
-            loaders = [prepare_loader(dl, sampler_kwargs, training) for dl in loaders]
+            even = strategy.evaluation_shards_even
+            loaders = [prepare_loader(dl, sampler_kwargs, training, even) for dl in loaders]
+            if stage == "predict":  # so writers and the gather across ranks know each batch's samples
+                loaders = [record_indices(dl) for dl in loaders]
             for loader in loaders:
                 seed_workers_of(loader, strategy.global_rank)
             limit = getattr(spec, f"limit_{stage}_batches")
             return loaders, [data.limit_batches(stage, data.loader_length(dl), limit) for dl in loaders]
 
         if fn == TrainerFn.FITTING:
-            train, limits = prepare("train", True)
-            if not train:
-                raise MisconfigurationError(
-                    "fit() found no training data: pass train_dataloaders, a datamodule with train_dataloader(), "
-                    "or define train_dataloader() on the module."
-                )
-            if len(train) > 1:
-                raise MisconfigurationError("fit() takes one training dataloader; combine several into one dataset.")
-            self.train, self.num_train = train[0], limits[0]
+            self._resolve_train(spec, strategy, sampler_kwargs, data.requested("train", given.get("train"),
+                                                                                datamodule, module))
             from trainer.hooks import is_overridden
             from trainer.module import TrainModule
 
@@ -128,6 +159,48 @@ class StageLoaders:
         else:
             self.predict, self.predict_limits = prepare("predict", False)
             _require(self.predict, "predict", "predict_dataloader")
+
+
+    def _resolve_train(self, spec: RunSpec, strategy: Strategy, sampler_kwargs: dict[str, Any] | None,
+                       source: Any) -> None:
+        """One training loader as it is; several (a list, tuple or dict, or a CombinedLoader) read together as
+        Lightning does, in "max_size_cycle" mode unless the CombinedLoader names another."""
+        if source is None:
+            raise MisconfigurationError(
+                "fit() found no training data: pass train_dataloaders, a datamodule with train_dataloader(), "
+                "or define train_dataloader() on the module."
+            )
+        combined = source if isinstance(source, CombinedLoader) else \
+            CombinedLoader(source, "max_size_cycle") if isinstance(source, (list, tuple, dict)) else None
+        if combined is not None and combined.mode == "sequential":
+            raise MisconfigurationError('fit() does not support CombinedLoader(mode="sequential") for training; '
+                                        f"use one of {[m for m in MODES if m != 'sequential']}.")
+        loaders = combined.flattened if combined is not None else [source]
+        if not loaders:
+            raise MisconfigurationError("fit(): the collection of training loaders is empty.")
+        if spec.overfit_batches:
+            loaders = overfit.in_order(loaders, "train")
+        prepared = []
+        for loader in loaders:
+            if not isinstance(loader, Iterable):
+                raise MisconfigurationError(f"train_dataloader() returned {type(loader).__name__}; return a "
+                                            "DataLoader, an iterable, or a list/dict of them.")
+            loader = prepare_loader(loader, sampler_kwargs, True)
+            seed_workers_of(loader, strategy.global_rank)
+            prepared.append(loader)
+        limits = [data.limit_batches("train", data.loader_length(dl), spec.limit_train_batches) for dl in prepared]
+        if combined is None:
+            self.train, self.num_train = prepared[0], limits[0]
+            return
+        combined.flattened, combined.limits = prepared, limits
+        self.train = TrainingBatches(combined)
+        self.num_train = data.loader_length(self.train)
+
+    def reload(self) -> None:
+        """Resolve the current run's loaders again from the same sources (the hooks read the module's attributes
+        anew: a batch size the BatchSizeFinder set takes effect, as after Lightning's search)."""
+        if self._last:
+            self.resolve(*self._last)
 
 
 def _require(loaders: list[Any], fn: str, hook: str) -> None:

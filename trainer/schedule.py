@@ -21,6 +21,9 @@ class FitSchedule:
     def __init__(self, spec: RunSpec, progress: Progress) -> None:
         self.spec = spec
         self.progress = progress
+        # Batches per optimizer step: the flag, until a callback changes it at an epoch start
+        # (GradientAccumulationScheduler); the windows are counted within each epoch, so a change takes effect there.
+        self.accumulate_grad_batches: int = spec.accumulate_grad_batches
         self.num_training_batches: int | float = 0
         self.has_validation = False
         self._val_every: int | float = math.inf
@@ -95,7 +98,7 @@ class FitSchedule:
 
         Every `accumulate_grad_batches`-th batch of the epoch, and the epoch's last batch, which closes a short window.
         """
-        return is_last or (batch_idx + 1) % self.spec.accumulate_grad_batches == 0
+        return is_last or (batch_idx + 1) % self.accumulate_grad_batches == 0
 
     def sanity_steps(self, val_batches: int | float) -> int | float:
         n = self.spec.num_sanity_val_steps

@@ -177,8 +177,11 @@ class Trainer(TrainerProperties):
         return results
 
     def predict(self, model: Any = None, dataloaders: Any = None, datamodule: Any = None,
-                return_predictions: bool = True, ckpt_path: str | Path | None = None) -> list[Any] | None:
-        """Run predict_step over the predict loader(s); returns the predictions."""
+                return_predictions: bool | None = None, ckpt_path: str | Path | None = None) -> list[Any] | None:
+        """Run predict_step over the predict loader(s); returns the predictions: a list of batch outputs (one
+        list per loader when several). With several ranks every rank returns the predictions of all ranks in
+        the data set's order, as one process over the same data would (Lightning returns each rank's shard);
+        `return_predictions=False` (None means True) keeps and gathers nothing."""
         return self._launch(TrainerFn.PREDICTING, model, datamodule,
                                     {"predict": dataloaders, "return_predictions": return_predictions}, ckpt_path)
 
@@ -350,7 +353,8 @@ class Trainer(TrainerProperties):
 
     def _evaluate_or_predict(self, fn: TrainerFn, loaders: dict[str, Any]) -> Any:
         if fn == TrainerFn.PREDICTING:
-            out = loops.run_predict(self.fit_state, loaders.get("return_predictions", True))
+            returned = loaders.get("return_predictions")
+            out = loops.run_predict(self.fit_state, True if returned is None else bool(returned))
         else:
             stage = RunningStage.VALIDATING if fn == TrainerFn.VALIDATING else RunningStage.TESTING
             out = loops.run_evaluation(self.fit_state, stage)

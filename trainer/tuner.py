@@ -89,6 +89,19 @@ class Tuner:
         With `update_attr`, the module's `lr`/`learning_rate` (or `attr_name`), attribute or hparam, is set to the
         suggestion. The plot is saved as `lr_find.png` in the Trainer's `default_root_dir` (by global rank 0).
         """
+        result = self.find_lr(model, train_dataloaders, val_dataloaders, dataloaders, datamodule, method, min_lr,
+                              max_lr, num_training, mode, early_stop_threshold, update_attr, attr_name)
+        if result is not None:
+            result.plot_path = self._save_plot(result)
+        return result
+
+    def find_lr(self, model: Any, train_dataloaders: Any = None, val_dataloaders: Any = None,
+                dataloaders: Any = None, datamodule: Any = None, method: str = "fit", min_lr: float = 1e-8,
+                max_lr: float = 1.0, num_training: int = 100, mode: str = "exponential",
+                early_stop_threshold: float | None = 4.0, update_attr: bool = True,
+                attr_name: str = "") -> LRFinderResult | None:
+        """`lr_find` without the plot file: what the `LearningRateFinder` callback runs (Lightning's callback
+        writes no plot)."""
         if method != "fit":
             raise ConfigError(f"lr_find(method={method!r}): the learning-rate finder runs on method='fit' only.")
         if mode not in MODES:
@@ -108,7 +121,6 @@ class Tuner:
         if len(result.results["lr"]) < num_training:
             rank_zero_info(f"lr_find stopped after {len(result.results['lr'])} of {num_training} steps (the loss "
                            "diverged, or the data ran out).")
-        result.plot_path = self._save_plot(result)
         if update_attr:
             lr = result.suggestion()
             if lr is not None:

@@ -189,7 +189,7 @@ def test_evaluation_over_an_uneven_split_counts_each_sample_once():
     single = Trainer(**QUIET).validate(MeanOfInputs(), DataLoader(Indexed(7), batch_size=2))
     assert single == [{"mean_x": 3.0}]
     assert m0[0]["mean_x"] == pytest.approx(3.0, rel=1e-6) and m1[0]["mean_x"] == pytest.approx(3.0, rel=1e-6)
-    assert (n0, n1) == (4, 3)
+    assert (n0, n1) == (7, 7)  # each rank predicted its shard (4 and 3 samples); predict() returns all of them
 
 
 def test_gpus_8_num_nodes_4_resolves_to_32_ranks_without_starting_anything():

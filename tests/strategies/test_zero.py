@@ -275,3 +275,34 @@ def test_root_unit_parameters_are_gathered_in_forward():
     for rank_result in run_distributed(_root_unit_rank, timeout=150):
         for key, value in rank_result["ddp"].items():
             torch.testing.assert_close(rank_result["zero3"][key], value, rtol=0, atol=1e-6, msg=key)
+
+
+class _Evaluated(TrainModule):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(32, 16), nn.Tanh(), nn.Linear(16, 1))
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self.net(x), y), sync_dist=True)
+
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> torch.Tensor:
+        return self.net(batch[0])
+
+
+def _uneven_evaluation_rank(rank: int, stage: str) -> tuple[list[dict[str, float]], torch.Tensor]:
+    trainer = Trainer(**{**QUIET, "devices": 2, "strategy": stage})
+    loader = DataLoader(regression_data(n=5), batch_size=2)  # unpadded, rank 0 would run 2 batches and rank 1 one
+    metrics = trainer.validate(_Evaluated(), loader, verbose=False)
+    return metrics, torch.cat(trainer.predict(_Evaluated(), loader))
+
+
+@pytest.mark.parametrize("stage", ["zero2", "zero3"])
+def test_evaluation_with_uneven_shards_finishes_under_fsdp(stage: str):
+    """FSDP2's forward is a collective: every rank gets as many evaluation batches (a few samples twice), so a rank
+    never waits in a forward the other ran out of data for; predictions still come back once per sample."""
+    expected = _Evaluated().net(regression_data(n=5).tensors[0])
+    for metrics, predictions in run_distributed(_uneven_evaluation_rank, stage, timeout=150):
+        assert set(metrics[0]) == {"val_loss"}
+        torch.testing.assert_close(predictions, expected)

@@ -6,11 +6,11 @@ import math
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, Sampler, SequentialSampler
 
 from tests.helpers.boring import RandomDataset
 from trainer import data
-from trainer.exceptions import ConfigError
+from trainer.exceptions import ConfigError, MisconfigurationError
 from trainer.sampling import ResumableSampler, prepare_loader
 
 KW = {"num_replicas": 2, "rank": 1}
@@ -68,20 +68,64 @@ def test_a_batch_sampler_the_user_built_is_kept():
 
 
 class MyLoader(DataLoader):
-    pass
+    """A subclass with an argument of its own, kept as an attribute (what Lightning needs to re-create it)."""
+
+    def __init__(self, dataset, tag: str, **kwargs) -> None:  # noqa: ANN001
+        super().__init__(dataset, **kwargs)
+        self.tag = tag
 
 
-class MySampler(SequentialSampler):
-    pass
+class Opaque(DataLoader):
+    def __init__(self, dataset, secret: int, **kwargs) -> None:  # noqa: ANN001
+        super().__init__(dataset, **kwargs)
 
 
-@pytest.mark.parametrize("make", [
-    lambda ds: MyLoader(ds, batch_size=2),
-    lambda ds: DataLoader(ds, batch_size=2, sampler=MySampler(ds)),
-])
-def test_custom_loaders_and_samplers_point_at_use_distributed_sampler(make):  # noqa: ANN001
-    with pytest.raises(ConfigError, match=r"use_distributed_sampler=False"):
-        prepare_loader(make(RandomDataset(32, 8)), KW, training=True)
+class Reversed(Sampler):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):  # noqa: ANN204
+        return iter(range(self.n - 1, -1, -1))
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def _ranks(make, training: bool) -> list[list[int]]:  # noqa: ANN001
+    out = []
+    for rank in (0, 1):
+        loader = prepare_loader(make(), {"num_replicas": 2, "rank": rank}, training=training)
+        if training:
+            loader.sampler.begin_epoch()
+        out.append([i for b in loader for i in b.tolist()])
+    return out
+
+
+def test_a_custom_sampler_is_sharded_in_its_own_order():
+    make = lambda: DataLoader(list(range(7)), batch_size=2, sampler=Reversed(7))  # noqa: E731
+    assert _ranks(make, training=True) == [[6, 4, 2, 0], [5, 3, 1, 6]]  # padded from the start, as Lightning does
+    assert _ranks(make, training=False) == [[6, 4, 2, 0], [5, 3, 1]]  # every sample once
+
+
+def test_a_dataloader_subclass_is_recreated_with_its_own_arguments():
+    loader = prepare_loader(MyLoader(list(range(8)), tag="x", batch_size=2, shuffle=True), KW, training=True)
+    assert type(loader) is MyLoader and loader.tag == "x" and loader.batch_size == 2
+    assert isinstance(loader.sampler.inner, DistributedSampler) and loader.sampler.inner.shuffle
+
+
+def test_a_subclass_that_cannot_be_recreated_says_how_to_fix_it():
+    with pytest.raises(MisconfigurationError, match=r"takes 'secret'.*self.secret = secret.*use_distributed_sampler"):
+        prepare_loader(Opaque(list(range(8)), secret=3, batch_size=2), KW, training=True)
+
+
+def test_a_custom_batch_sampler_is_recreated_around_the_shard():
+    class Pairs(BatchSampler):
+        pass
+
+    loader = DataLoader(list(range(8)), batch_sampler=Pairs(SequentialSampler(range(8)), 2, drop_last=False))
+    rebuilt = prepare_loader(loader, {"num_replicas": 2, "rank": 1}, training=False)
+    assert type(rebuilt.batch_sampler) is Pairs
+    assert [b.tolist() for b in rebuilt] == [[1, 3], [5, 7]]
 
 
 def test_limits_and_lengths():
