@@ -114,6 +114,7 @@ def _train_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> b
     progress, results, metrics, position = loop.progress, loop.train_results, loop.metrics, loop.position
     position.set(Phase.BATCH_STARTED)
     progress.val_started = False
+    metrics.train_batch_starts()
     batch = loop.to_device(batch, 0)
     results.set_batch(batch)
     if call_hook(loop, "on_train_batch_start", batch, batch_idx) == -1:
@@ -263,7 +264,7 @@ def _eval_epoch_end(loop: FitState, results: Any, stage: RunningStage, prefix: s
         call_hook(loop, f"on_{prefix}_epoch_end")
         results.reset()  # after the hook: a metric's compute() in it sees the sanity batches, as in Lightning
         return {}
-    step = loop.metrics.eval_step(loop.trainer.state.fn == TrainerFn.FITTING)
+    step = loop.metrics.logging_step
     computed = results.epoch_end(f"{prefix} epoch end")
     loop.metrics.epoch_end({**computed, "logger": {}}, step, None)
     call_hook(loop, f"on_{prefix}_epoch_end")

@@ -129,10 +129,17 @@ class MetricsRouter:
         if values:
             self._send({**to_python(values), "epoch": epoch}, count - 1)
 
-    def eval_step(self, fitting: bool) -> int:
-        """Lightning's step for values logged by a validation: inside fit, the stepping batches before the batch it
-        follows (the step values of that batch went out at the same step); outside fit, the stepping batches."""
-        return self._progress.stepped_batches - (fitting and self._stepped_now)
+    def train_batch_starts(self) -> None:
+        """A training batch begins: the batch before it is done (see `logging_step`)."""
+        self._stepped_now = False
+
+    @property
+    def logging_step(self) -> int:
+        """The step a value sent now goes out at, as Lightning's: the batches that stepped the optimizer before the
+        current training batch, which the validation after a batch shares with that batch's step values (Lightning
+        counts a batch once everything after it ran). Used for validation values and by callbacks that send their
+        own values (ThroughputMonitor, DeviceStatsMonitor)."""
+        return self._progress.stepped_batches - self._stepped_now
 
     @property
     def train_epoch_step(self) -> int:
