@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from callbacks.base import Callback
-from strategies.checkpoint_io import find_checkpoints, link_checkpoint, remove_checkpoint
+from strategies.checkpoint_io import find_checkpoints, link_checkpoint
 from strategies.checkpoint_names import claim_name, release_claim
 from strategies.distributed import rank_zero_info, rank_zero_warn
 from strategies.exceptions import ConfigError, MisconfigurationError
@@ -252,6 +252,7 @@ class ModelCheckpoint(Callback):
         self.last_model_path = str(path)
         target = self._newest_written
         if self.save_last == "link" and target and isinstance(path, Path):
+            trainer.strategy.wait_for_saves()  # never link to a checkpoint still being written
             if trainer.is_global_zero:
                 link_checkpoint(Path(target), path)
                 release_claim(path)
@@ -340,5 +341,5 @@ class ModelCheckpoint(Callback):
         return pick(self.best_k_models, key=self.best_k_models.__getitem__)
 
     def _remove(self, trainer: Trainer, path: str) -> None:
-        if trainer.is_global_zero:
-            remove_checkpoint(to_path(path))  # a file or a sharded folder, local or on a store
+        # a file or a sharded folder, local or on a store; after the save in flight commits, if one is
+        trainer.strategy.remove_checkpoint(to_path(path))

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from strategies import checkpoint_io, distributed
+from strategies import checkpoint_io, compiled, distributed
 from strategies.exceptions import CheckpointSaveError
 from strategies.precision import CANONICAL_PRECISIONS, Precision
 from strategies.strategy_optimizer import unwrap_optimizer
@@ -156,6 +156,12 @@ class Strategy(ABC):
         """Wrap the router (DDP, DP, FSDP2). Identity by default."""
         return router
 
+    def compile_module(self, compiler: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        """After `setup_module`: compile the user's forward (what `self(x)` runs) with the context of the
+        `torch.compile` call the module came from, inside the wrapper (see strategies/compiled.py for why there).
+        `teardown` takes it off again."""
+        compiled.compile_forward(self.module, compiler)
+
     def evaluation_context(self, inference_mode: bool) -> AbstractContextManager:
         """The grad mode validation, test and predict run in: `torch.inference_mode()` when the Trainer's
         `inference_mode` flag asks for it, else `torch.no_grad()`."""
@@ -169,8 +175,12 @@ class Strategy(ABC):
         """Return the optimizers to use (ZeRO-1 swaps in a sharded optimizer). Identity by default."""
         return optimizers
 
-    def teardown(self) -> None:  # noqa: B027 (the wrapped model is kept: save_checkpoint after fit needs it)
-        """Release what setup acquired."""
+    def teardown(self) -> None:
+        """Release what setup acquired. The wrapped model is kept (save_checkpoint after fit needs it); a compiled
+        forward is taken off the user's module."""
+        if self._module is not None:
+            for module in self._module.modules():
+                compiled.restore_forward(module)
 
     # --- hang bound and failures (no-ops on one process) ------------------------------------------------
     def bound_collectives(self, step_seconds: float | None) -> bool:
@@ -324,6 +334,16 @@ class Strategy(ABC):
             except CheckpointSaveError as err:
                 error = str(err)
         self.raise_if_any_failed(error)
+
+    def remove_checkpoint(self, path: str | Path) -> None:
+        """Delete a checkpoint file or sharded folder (rank 0); a strategy that saves in the background deletes it
+        once the save in flight has committed."""
+        if self.is_global_zero:
+            checkpoint_io.remove_checkpoint(path)
+
+    def wait_for_saves(self) -> None:  # noqa: B027 (saves are synchronous by default)
+        """Collective: return once this run's background saves have committed; raise CheckpointSaveError on every
+        rank if one failed."""
 
     def raise_if_any_failed(self, error: str | None) -> None:
         """Collective: every rank raises CheckpointSaveError if any rank's part of a save failed.

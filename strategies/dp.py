@@ -68,6 +68,12 @@ class DataParallelStrategy(Strategy):
     def _wrap(self, router: _StepRouter) -> nn.Module:
         return nn.DataParallel(router, device_ids=[d.index for d in self.parallel_devices])
 
+    def compile_module(self, compiler: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        # DataParallel copies the module into one replica per GPU each step: a forward compiled on the module
+        # would stay bound to the first GPU's copy.
+        raise ConfigError("A torch.compile'd module cannot train with strategy='dp' (DataParallel replicates the "
+                          "module every step); use strategy='ddp', or pass the module uncompiled.")
+
     def batch_to_device(self, batch: Any, move: Callable[[Any, torch.device], Any] | None = None) -> Any:
         """Leave the batch where it is: DataParallel scatters it to the GPUs itself. A `move` given (the
         module's own `transfer_batch_to_device`) still runs, to the first GPU, as in a one-device run."""

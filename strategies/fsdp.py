@@ -8,7 +8,8 @@ rank's shards in a DCP folder with `sharded_checkpoint=True`, strategies/sharded
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -18,7 +19,8 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from strategies import dtensor
+from strategies import compiled, dtensor
+from strategies.async_save import AsyncSaver
 from strategies.base import NULL_CONTEXT, _StepRouter
 from strategies.exceptions import ConfigError
 from strategies.parallel import ParallelStrategy
@@ -42,7 +44,8 @@ class FSDPStrategy(ParallelStrategy):
             until backward (ZeRO-2).
         shard_modules: the module classes that become FSDP2 units.
         sharded_checkpoint: every rank writes its own shards into a checkpoint folder instead of rank 0 writing
-            one full file.
+            one full file; `"async"` also writes them in the background while training goes on (saves during a
+            run; docs/checkpointing.md).
         **parallel_kwargs: `process_group_backend`, `timeout`, `min_timeout`, `timeout_steps`, `start_method`
             as for DDPStrategy.
 
@@ -52,7 +55,7 @@ class FSDPStrategy(ParallelStrategy):
 
     def __init__(self, devices: list[torch.device] | None = None, num_nodes: int = 1,
                  precision: Precision | None = None, *, reshard_after_forward: bool = True,
-                 shard_modules: tuple[type[nn.Module], ...] = (), sharded_checkpoint: bool = False,
+                 shard_modules: tuple[type[nn.Module], ...] = (), sharded_checkpoint: bool | str = False,
                  process_group_backend: str | None = None, timeout: timedelta | float | None = None,
                  start_method: str = "subprocess", min_timeout: timedelta | float | None = None,
                  timeout_steps: int | None = None) -> None:
@@ -61,7 +64,11 @@ class FSDPStrategy(ParallelStrategy):
                          timeout_steps=timeout_steps)
         self.reshard_after_forward = reshard_after_forward
         self.shard_modules = tuple(shard_modules)
+        if sharded_checkpoint not in (True, False, "async"):
+            raise ConfigError(f"sharded_checkpoint={sharded_checkpoint!r} is not valid: use False, True or 'async'.")
         self.sharded_checkpoint = sharded_checkpoint
+        self._saver = AsyncSaver() if sharded_checkpoint == "async" else None
+        self._in_run = False  # async saves only inside a run: its end waits for them
         name = self.precision.name
         if name not in self.supported_precisions():
             raise ConfigError(f"precision={name!r} is not supported by {self._label()}; it supports: "
@@ -91,6 +98,15 @@ class FSDPStrategy(ParallelStrategy):
             t.fully_shard(module, **shard)
         t.fully_shard(router, **shard)
         return router
+
+    def compile_module(self, compiler: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        # FSDP2's hooks are excluded from dynamo, so a compiled frame breaks its graph at every call of a sharded
+        # unit: compile each unit's forward on its own, between its hooks (torchtitan compiles per block), and the
+        # module's own forward around them. A built-in torch.nn layer sharded as its own unit stays eager (dynamo
+        # skips torch.nn's frames): name your block class in `shard_modules` to compile whole blocks.
+        super().compile_module(compiler)
+        for unit in self._units(self.module):
+            compiled.compile_forward(unit, compiler)
 
     def _units(self, root: nn.Module) -> Iterator[nn.Module]:
         """The submodules sharded as units before the root: instances of `shard_modules`, or else every
@@ -156,9 +172,32 @@ class FSDPStrategy(ParallelStrategy):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path) -> None:
         if self.sharded_checkpoint:
-            save_sharded(self, checkpoint, path)
+            saver = self._saver if self._in_run else None  # outside a run (after fit): synchronous
+            save_sharded(self, checkpoint, path, saver, self.timeout)
         else:
             super().save_checkpoint(checkpoint, path)
+
+    def remove_checkpoint(self, path: str | Path) -> None:
+        if self._saver is None or not self._saver.defer(lambda: super(FSDPStrategy, self).remove_checkpoint(path)):
+            super().remove_checkpoint(path)
+
+    def wait_for_saves(self) -> None:
+        if self._saver is not None:
+            self.raise_if_any_failed(self._saver.join())
+
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        self._in_run = True
+
+    def teardown(self) -> None:
+        """Failure path included: no rank leaves with a write in flight (local wait, no collective)."""
+        self._in_run = False
+        if self._saver is not None:
+            error = self._saver.join()
+            self._saver.forget_group()
+            if error is not None:
+                warnings.warn(f"the last asynchronous sharded save failed: {error}", stacklevel=2)
+        super().teardown()
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         if is_folder_checkpoint(path):

@@ -19,7 +19,7 @@ import torch
 from strategies import object_store
 from strategies.exceptions import CheckpointLoadError, CheckpointSaveError
 from strategies.filesystem import get_fs
-from strategies.sharded_checkpoint import MANIFEST, manifest_state, shard_payload
+from strategies.sharded_checkpoint import MANIFEST, SaveJob, manifest_state
 from strategies.temp_owner import owner_tag
 
 
@@ -36,29 +36,24 @@ def _matches(fs: Any, path: str, info: dict[str, Any], expected: str) -> bool:
     return hashlib.sha256(fs.cat_file(path)).hexdigest() == expected  # a folder uploaded from a local save
 
 
-def save_sharded_remote(strategy: Any, checkpoint: dict[str, Any], url: str) -> None:
-    """Collective: shards from every rank, then rank 0's manifest and commit record."""
+def remote_job(strategy: Any, url: str) -> SaveJob:
+    """Where every rank writes its shards (a new data prefix, named after rank 0), and rank 0's commit."""
     fs, path = get_fs(url)
     folder, base = posixpath.split(path)
     data_name = f"{base}{object_store.DATA_MARKER}{strategy.broadcast(owner_tag())}"  # rank 0 owns it
     data_path = posixpath.join(folder, data_name)
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
-    error = None
-    try:  # an object is durable once closed: no fsync (which fsspec files do not have)
-        dcp.save(shard_payload(checkpoint), storage_writer=FsspecWriter(fs.unstrip_protocol(data_path),
-                                                                       sync_files=False))
-    except Exception as err:  # DCP reports a failed rank's error on every rank
-        error = f"could not write the shards of {url}: {err}"
-    strategy.raise_if_any_failed(error)
-    if strategy.is_global_zero:
+    def commit(checkpoint: dict[str, Any]) -> str | None:
         try:
             _commit(fs, path, data_path, data_name, checkpoint)
         except Exception as err:  # noqa: BLE001 - any store error; the old record still names the old data
-            error = (f"could not commit {url}: {type(err).__name__}: {err}; the previous checkpoint, if any, "
-                     "is untouched")
-    strategy.raise_if_any_failed(error)
+            return (f"could not commit {url}: {type(err).__name__}: {err}; the previous checkpoint, if any, "
+                    "is untouched")
+        return None
+
+    # an object is durable once closed: no fsync (which fsspec files do not have)
+    return SaveJob(url, {"storage_writer": FsspecWriter(fs.unstrip_protocol(data_path), sync_files=False)}, commit)
 
 
 def _commit(fs: Any, path: str, data_path: str, data_name: str, checkpoint: dict[str, Any]) -> None:

@@ -51,7 +51,7 @@ class ZeroStrategy(ParallelStrategy):
         precision: the Precision object; stages 2 and 3 support 32-true, bf16-mixed and bf16-true.
         shard_modules: for stages 2 and 3, the module classes that become FSDP2 units.
         sharded_checkpoint: for stages 2 and 3, every rank writes its own shards into a checkpoint folder
-            instead of rank 0 writing one full file.
+            instead of rank 0 writing one full file; `"async"` writes them in the background during fit.
         **ddp_kwargs: `process_group_backend`, `timeout`, `min_timeout`, `timeout_steps`, `start_method` as for
             DDPStrategy; for stage 1 also DistributedDataParallel's options.
 
@@ -79,7 +79,7 @@ class ZeroStrategy(ParallelStrategy):
 
     def __init__(self, stage: int = 1, devices: list[torch.device] | None = None, num_nodes: int = 1,
                  precision: Precision | None = None, shard_modules: tuple[type[nn.Module], ...] = (),
-                 sharded_checkpoint: bool = False, **ddp_kwargs: Any) -> None:
+                 sharded_checkpoint: bool | str = False, **ddp_kwargs: Any) -> None:
         self.stage = stage
         self._init_mechanism(stage, devices, num_nodes, precision, tuple(shard_modules), sharded_checkpoint,
                              ddp_kwargs)
@@ -87,7 +87,7 @@ class ZeroStrategy(ParallelStrategy):
     @abstractmethod
     def _init_mechanism(self, stage: int, devices: list[torch.device] | None, num_nodes: int,
                         precision: Precision | None, shard_modules: tuple[type[nn.Module], ...],
-                        sharded_checkpoint: bool, ddp_kwargs: dict[str, Any]) -> None:
+                        sharded_checkpoint: bool | str, ddp_kwargs: dict[str, Any]) -> None:
         """Initialise the strategy whose mechanism this stage uses, refusing options it would ignore."""
 
     @classmethod
@@ -105,7 +105,7 @@ class Zero1Strategy(ZeroStrategy, DDPStrategy):
 
     def _init_mechanism(self, stage: int, devices: list[torch.device] | None, num_nodes: int,
                         precision: Precision | None, shard_modules: tuple[type[nn.Module], ...],
-                        sharded_checkpoint: bool, ddp_kwargs: dict[str, Any]) -> None:
+                        sharded_checkpoint: bool | str, ddp_kwargs: dict[str, Any]) -> None:
         if sharded_checkpoint:
             raise ConfigError("ZeroStrategy(sharded_checkpoint=True) needs stage 2 or 3 (FSDP2 sharded states).")
         if shard_modules:
@@ -133,7 +133,7 @@ class ZeroFSDPStrategy(ZeroStrategy, FSDPStrategy):
 
     def _init_mechanism(self, stage: int, devices: list[torch.device] | None, num_nodes: int,
                         precision: Precision | None, shard_modules: tuple[type[nn.Module], ...],
-                        sharded_checkpoint: bool, ddp_kwargs: dict[str, Any]) -> None:
+                        sharded_checkpoint: bool | str, ddp_kwargs: dict[str, Any]) -> None:
         unused = sorted(set(ddp_kwargs) - _PROCESS_OPTIONS)
         if unused:
             raise ConfigError(f"ZeroStrategy(stage={stage}) does not use DDP options {unused}; remove them.")

@@ -41,6 +41,12 @@ STARTED = ("`Trainer(barebones=True)` started running; the progress bar is off, 
            "need to see it.")
 
 
+def announce_start(barebones: bool) -> None:
+    """At each run's start under barebones, as Lightning: nothing shows progress, so say that it runs."""
+    if barebones:
+        rank_zero_info(STARTED)
+
+
 def apply_barebones(given: dict[str, Any]) -> dict[str, Any]:
     """The Trainer's arguments with barebones' settings in force; unchanged when `barebones` is not True.
 

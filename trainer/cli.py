@@ -1,4 +1,5 @@
-"""`python -m trainer fit|validate|test|predict --config run.yaml [key.sub=value ...]`: YAML to a run.
+"""`python -m trainer fit|validate|test|predict --config run.yaml [key.sub=value ...]`: YAML to a run
+(and `python -m trainer consolidate <folder> <file>`, dispatched to trainer/consolidate.py).
 
 The config layer stays thin: YAML (omegaconf) becomes plain kwargs for the classes it names and for
 `Trainer(...)`, checked against their signatures, so there is no second list of Trainer flags to keep in
@@ -157,7 +158,8 @@ def _seed(config: dict[str, Any]) -> None:
 # --- entry points ----------------------------------------------------------------------------------
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="trainer", description="Run fit, validate, test or predict from YAML configs (see docs/cli.md).")
+        prog="trainer", description="Run fit, validate, test or predict from YAML configs (see docs/cli.md); "
+        "`trainer consolidate <folder> <file>` turns a sharded checkpoint folder into one file.")
     parser.add_argument("subcommand", choices=SUBCOMMANDS)
     parser.add_argument("--config", action="append", default=[], metavar="FILE",
                         help="a YAML config; several are merged in order")
@@ -194,7 +196,14 @@ def run(argv: list[str] | None = None) -> CLIRun | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point (`trainer ...`, `python -m trainer ...`): config mistakes exit 2, no traceback."""
+    """Console entry point (`trainer ...`, `python -m trainer ...`): config mistakes exit 2, no traceback.
+    `trainer consolidate <folder> <file>` is a tool, not a config run (trainer/consolidate.py)."""
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["consolidate"]:
+        from trainer.consolidate import main as consolidate
+
+        consolidate(args[1:])
+        return
     try:
         run(argv)
     except CLIError as exc:

@@ -66,6 +66,8 @@ class FitState:
         step_taken: the optimizer stepped in the running `optimizer_step` (False: skipped by an AMP overflow).
         resume_point: where a restored checkpoint left off, consumed by the next training epoch.
         module: the TrainModule attached to the run (None before the first one).
+        compiler: the compile context of the `torch.compile` call `module` came wrapped in (None: not compiled);
+            the strategy compiles the module's forward with it in every run (strategies/compiled.py).
         launcher_pid: the process that built the Trainer; a rank in another one (spawn) sends its outcome back.
         transfer: the batch-transfer hooks (trainer/batch_transfer.py), picked once per run.
         no_batch_idx: the step methods whose signature takes no `batch_idx` (trainer/step_signature.py).
@@ -94,6 +96,7 @@ class FitState:
     step_taken: bool = False
     resume_point: ResumePoint | None = None
     module: Any = None
+    compiler: Any = None
     launcher_pid: int = field(default_factory=os.getpid)
     transfer: BatchTransfer = field(default_factory=BatchTransfer)
     no_batch_idx: frozenset[str] = frozenset()

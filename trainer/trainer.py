@@ -12,11 +12,11 @@ from typing import Any
 import torch
 
 from strategies.checkpoint_io import remove_stale_temp_files
-from strategies.distributed import rank_zero_info
+from strategies.compiled import unwrap_compiled
 from strategies.exceptions import ConfigError, MisconfigurationError
 from trainer import checkpoint as ckpt
 from trainer import failure, loops, optimizer_path, run_start
-from trainer.barebones import STARTED, apply_barebones
+from trainer.barebones import announce_start, apply_barebones
 from trainer.control import ControlPlane
 from trainer.fit_state import FitState
 from trainer.flags import FLAG_NAMES, parse_flags
@@ -137,7 +137,8 @@ class Trainer(TrainerProperties):
         Data comes from the arguments first, then `datamodule`, then the module's `*_dataloader()` hooks.
 
         Args:
-            model: the TrainModule to train.
+            model: the TrainModule to train, or `torch.compile(module)`: the module trains with its forward
+                compiled, with the same compile arguments (see docs/compile.md).
             train_dataloaders: a DataLoader (or iterable of batches) for training; a DataModule is accepted too.
             val_dataloaders: a DataLoader, or a list of them, for validation.
             datamodule: a DataModule providing the loaders.
@@ -197,6 +198,7 @@ class Trainer(TrainerProperties):
     def _launch(self, fn: TrainerFn, model: Any, datamodule: Any, loaders: dict[str, Any],
                 ckpt_path: str | Path | None) -> Any:
         """Run on every rank through the strategy's launcher; adopt rank 0's outcome if it ran elsewhere."""
+        model = self._unwrap_compiled(model)
         out = self.strategy.launch(self._run_rank, fn, model, datamodule, loaders, ckpt_path)
         return out.adopt_into(self.fit_state, model) if out is not None else None
 
@@ -209,8 +211,7 @@ class Trainer(TrainerProperties):
         run_start.before_environment(self, model)  # configure_callbacks, then the uncalled-hook check
         self.state.fn, self.state.status = fn, TrainerStatus.RUNNING
         stage, loop = fn.value, self.fit_state
-        if loop.spec.barebones:
-            rank_zero_info(STARTED)
+        announce_start(loop.spec.barebones)
         try:
             self.strategy.setup_environment()
             loop.control.start(self.strategy)
@@ -229,6 +230,8 @@ class Trainer(TrainerProperties):
             run_start.read_signatures(loop, model, fn)
             run_start.sync_batchnorm(self, model)
             self.strategy.setup_module(model)
+            if loop.compiler is not None:
+                self.strategy.compile_module(loop.compiler)
             path = resolve_ckpt_path(self, default_ckpt_path(self, fn, ckpt_path, model_given))
             checkpoint = None
             if path:
@@ -274,6 +277,14 @@ class Trainer(TrainerProperties):
             if not self.is_global_zero:
                 logger.adopt_identity(identity)
 
+    def _unwrap_compiled(self, model: Any) -> Any:
+        """`torch.compile(module)` trains `module`, its forward compiled by the strategy with the user's compile
+        arguments (strategies/compiled.py); a run without a model keeps the previous one's compilation."""
+        if model is None:
+            return None
+        model, self.fit_state.compiler = unwrap_compiled(model)
+        return model
+
     def _attach(self, fn: TrainerFn, model: Any, datamodule: Any) -> Any:
         from trainer.module import TrainModule
 
@@ -281,8 +292,10 @@ class Trainer(TrainerProperties):
         if model is None:
             model = loop.module
         if not isinstance(model, TrainModule):
+            inside = " inside torch.compile" if loop.compiler is not None else ""
             raise MisconfigurationError(
-                f"{fn.value}() needs a TrainModule, got {type(model).__name__}. Subclass trainer.TrainModule."
+                f"{fn.value}() needs a TrainModule, got {type(model).__name__}{inside}. "
+                "Subclass trainer.TrainModule."
             )
         if fn == TrainerFn.FITTING:
             if not is_overridden(model, "training_step", TrainModule):
@@ -374,6 +387,7 @@ class Trainer(TrainerProperties):
             for logger in self.loggers:
                 logger.finalize("success" if self.state.status == TrainerStatus.FINISHED else "failed")
             if self.state.status == TrainerStatus.FINISHED:
+                self.strategy.wait_for_saves()  # a background save's error is this run's error
                 self.strategy.barrier("end of run")  # no rank moves on (or exits) while a peer is still in this run
         finally:
             self._signals.restore()

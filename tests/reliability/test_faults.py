@@ -173,15 +173,20 @@ def test_fi9_sigusr1_under_slurm_requeues_once_and_resumes(tmp_path: Path, refer
 
 
 @pytest.mark.timeout(200)
-def test_fi11_sigkill_during_a_sharded_save_keeps_the_previous_folder(tmp_path: Path):
+@pytest.mark.parametrize(("mode", "fault"), [
+    ([], "sigkill_in_sharded_save"), ([], "sigkill_before_shard_write"),
+    (["--async-save"], "sigkill_before_shard_write")], ids=["sync-after-shard", "sync-before-shard", "async"])
+def test_fi11_sigkill_during_a_sharded_save_keeps_the_previous_folder(tmp_path: Path, mode: list[str], fault: str):
+    """Async: the SIGKILL lands in rank 1's background writer while rank 0 trains on (and its own write of the same
+    save fails); the previous folders stay, and the run resumes from the newest of them."""
     out = tmp_path / "out"
-    res = run(out, "--strategy", "zero2", "--sharded", "--fault", "sigkill_in_sharded_save@1:3", "--ckpt-every", "1",
+    res = run(out, "--strategy", "zero2", "--sharded", *mode, "--fault", f"{fault}@1:3", "--ckpt-every", "1",
               timeout=60)
     assert res.returncode != 0
     assert seconds_after_fault(out, res) < BOUND_S, res.output[-4000:]
     committed = sorted(p.name for p in (out / "ckpt").iterdir() if ".tmp-" not in p.name)
     assert committed == ["epoch=0-step=1.ckpt", "epoch=0-step=2.ckpt"], committed
-    again = run(out, "--strategy", "zero2", "--sharded", "--ckpt-every", "1", "--resume", timeout=90)
+    again = run(out, "--strategy", "zero2", "--sharded", *mode, "--ckpt-every", "1", "--resume", timeout=90)
     assert again.returncode == 0, again.output[-6000:]
     assert safe_load(out / "rank0.pt")["global_step"] == STEPS
 

@@ -8,7 +8,8 @@ times for several faults. Modes: raise, sigkill, sigterm, sigusr1, sigstop, hang
 ctrl_c (SIGINT to the launching process group, as a terminal's Ctrl-C), sigkill_parent (SIGKILL to this rank's
 parent: the ddp_spawn launcher), nan_loss, return_none, sync_dist_one_rank, log_dict_keys, extra_collective
 (all in training_step), save_hook_raise (in on_save_checkpoint), save_enospc (fsync fails while saving),
-sigkill_in_sharded_save (after this rank's DCP shard is written, before the manifest; with --sharded), and
+sigkill_in_sharded_save (after this rank's DCP shard is written, before the manifest; with --sharded, and in
+the background writer with --async-save), sigkill_before_shard_write (in DCP's save, before this rank writes), and
 raise_once (raise unless OUT/fired exists; creates it: a one-time fault for torchrun --max-restarts).
 
 Every process appends its pid to OUT/pids.txt. Each rank that finishes fit writes OUT/rank<r>.pt (final weights,
@@ -162,6 +163,16 @@ class SaveFaults(Callback):
                 return result
 
             dcp.save = save_then_die
+        if self.fault.here(trainer, "sigkill_before_shard_write"):
+            import torch.distributed.checkpoint as dcp
+
+            fault = self.fault
+
+            def die(*args: Any, **kwargs: Any) -> Any:
+                fault.fired()  # this rank's shard is never written: the other ranks' DCP save fails
+                os.kill(os.getpid(), signal.SIGKILL)
+
+            dcp.save = die
         if self.fault.here(trainer, "save_enospc"):
             self.fault.fired()
 
@@ -231,6 +242,7 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true", help='fit(ckpt_path="last")')
     parser.add_argument("--terminate-on-nan", action="store_true")
     parser.add_argument("--sharded", action="store_true", help="zero2/3: sharded checkpoint folders")
+    parser.add_argument("--async-save", action="store_true", help='with --sharded: sharded_checkpoint="async"')
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -262,7 +274,7 @@ def main() -> None:
                                else "subprocess", **hang_rule)
     elif args.strategy.startswith("zero") and (args.pg_timeout or args.sharded):
         strategy = ZeroStrategy(stage=int(args.strategy[-1]), timeout=args.pg_timeout,
-                                sharded_checkpoint=args.sharded)
+                                sharded_checkpoint="async" if args.async_save else args.sharded)
     trainer = Trainer(
         accelerator="cpu", devices=args.devices, strategy=strategy, max_epochs=args.max_epochs, logger=False,
         enable_checkpointing=bool(args.ckpt_every), enable_progress_bar=False, enable_model_summary=False,

@@ -1,6 +1,7 @@
 """Checkpoints on an S3 server (moto's standalone server on 127.0.0.1, started by the tests): fit with
 default_root_dir and ModelCheckpoint on s3://, resume with ckpt_path="last", load_from_checkpoint, a 2-rank DDP run
-(rank 0 writes), and a sharded ZeRO-3 save through DCP's fsspec writer that resumes exactly."""
+(rank 0 writes), and a sharded ZeRO-3 save through DCP's fsspec writer that resumes exactly (also
+with `sharded_checkpoint="async"`)."""
 
 from __future__ import annotations
 
@@ -83,9 +84,9 @@ def test_ddp_two_ranks_write_one_checkpoint_to_s3(s3_bucket):
     assert saved["world_size"] == 2 and saved["state_dict"]["layer.weight"].flatten().tolist() == weights0
 
 
-def _zero3_rank(rank: int, root: str, max_epochs: int, resume: bool) -> dict[str, Any]:
+def _zero3_rank(rank: int, root: str, max_epochs: int, resume: bool, mode: Any = True) -> dict[str, Any]:
     torch.manual_seed(0)
-    trainer = Trainer(**{**FIT, "devices": 2, "strategy": ZeroStrategy(stage=3, sharded_checkpoint=True),
+    trainer = Trainer(**{**FIT, "devices": 2, "strategy": ZeroStrategy(stage=3, sharded_checkpoint=mode),
                          "max_epochs": max_epochs},
                       callbacks=[ModelCheckpoint(dirpath=f"{root}/ckpts", save_last=True)])
     model = Wide()
@@ -97,10 +98,11 @@ def _zero3_rank(rank: int, root: str, max_epochs: int, resume: bool) -> dict[str
 
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
-def test_zero3_sharded_checkpoint_on_s3_resumes_exactly(s3_bucket):
+@pytest.mark.parametrize("mode", [True, "async"])
+def test_zero3_sharded_checkpoint_on_s3_resumes_exactly(s3_bucket, mode):
     pytest.importorskip("torch.distributed.checkpoint")
-    straight = run_distributed(_zero3_rank, f"{s3_bucket}/straight", 3, False, timeout=200)
-    run_distributed(_zero3_rank, f"{s3_bucket}/split", 2, False, timeout=200)
+    straight = run_distributed(_zero3_rank, f"{s3_bucket}/straight", 3, False, mode, timeout=200)
+    run_distributed(_zero3_rank, f"{s3_bucket}/split", 2, False, mode, timeout=200)
     folder = f"{s3_bucket}/split/ckpts"
     fs, inner = fsspec.core.url_to_fs(f"{folder}/last.ckpt")
     record = object_store.parse_record(fs.cat_file(inner))
@@ -108,7 +110,7 @@ def test_zero3_sharded_checkpoint_on_s3_resumes_exactly(s3_bucket):
     shards = [n for n in _names(folder) if n.startswith(record["data"] + "/")]
     assert sorted(n.rsplit("/", 1)[1] for n in shards) == [".metadata", "__0_0.distcp", "__1_0.distcp",
                                                             "manifest.pt"]
-    resumed = run_distributed(_zero3_rank, f"{s3_bucket}/split", 3, True, timeout=200)
+    resumed = run_distributed(_zero3_rank, f"{s3_bucket}/split", 3, True, mode, timeout=200)
     assert resumed[0]["step"] == straight[0]["step"] == 6
     assert resumed[0]["weight"] == straight[0]["weight"]
 
