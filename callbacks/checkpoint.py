@@ -189,6 +189,8 @@ class ModelCheckpoint(Callback):
     def _saves_on_train_epoch_end(self, trainer: Trainer) -> bool:
         if self.save_on_train_epoch_end is not None:
             return self.save_on_train_epoch_end
+        if isinstance(trainer.val_check_interval, timedelta):  # Lightning's rule: save after the timed validations
+            return False
         return not trainer.num_val_batches or trainer.check_val_every_n_epoch != 1
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: TrainModule, outputs: Any, batch: Any,

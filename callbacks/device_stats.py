@@ -4,7 +4,7 @@ On CPU the statistics are psutil's (`cpu_vm_percent`, `cpu_percent`, `cpu_swap_p
 `torch.cuda.memory_stats(device)` (allocated, reserved and active bytes, allocator events), plus psutil's with
 `cpu_stats=True`. Each key is logged as `DeviceStatsMonitor.<hook>/<stat>` (the logger's `group_separator`,
 "/" by default) at the batch hooks of training, validation and test, on the log cadence of
-callbacks/log_cadence.py, at `step=trainer.global_step`.
+callbacks/log_cadence.py, at Lightning's step (the batches that stepped the optimizer so far).
 """
 
 from __future__ import annotations
@@ -80,7 +80,8 @@ class DeviceStatsMonitor(Callback):
         for logger in trainer.loggers:
             separator = getattr(logger, "group_separator", "/")
             prefix = f"{type(self).__qualname__}.{hook}{separator}"
-            logger.log_metrics({prefix + key: value for key, value in stats.items()}, step=trainer.global_step)
+            logger.log_metrics({prefix + key: value for key, value in stats.items()},
+                               step=trainer.metrics_router.logging_step)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: TrainModule, batch: Any, batch_idx: int) -> None:
         self._cadence.train_batch_started(trainer, pl_module)

@@ -208,7 +208,7 @@ class ThroughputMonitor(Callback):
         window_closes = (batch_idx + 1) % trainer.accumulate_grad_batches == 0 or \
             batch_idx + 1 >= trainer.num_training_batches
         if window_closes and self._cadence.train_due(trainer):  # the optimizer step's time is in
-            self._log(trainer, state, "train", trainer.global_step, epoch=True)
+            self._log(trainer, state, "train", trainer.metrics_router.logging_step, epoch=True)
 
     # --- evaluation -------------------------------------------------------------------------------------------
     def _eval_start(self, trainer: Trainer, stage: str) -> None:

@@ -31,8 +31,9 @@ if TYPE_CHECKING:
     from trainer.results import ResultCollection
 
 # Slots of the step agreement vector. _DRY: this rank's data ended before this batch (it has no batch here).
-_STOP, _SKIP, _NONFINITE, _LAST, _MORE, _KEYS, _NEG_KEYS, _TIME_UP, _DRY = range(9)
-_SIZE = 9
+# _VAL_TIME: a time val_check_interval passed on this rank.
+_STOP, _SKIP, _NONFINITE, _LAST, _MORE, _KEYS, _NEG_KEYS, _TIME_UP, _DRY, _VAL_TIME = range(10)
+_SIZE = 10
 
 
 _EQUAL_COUNTS = ("Every rank must see the same number of batches: keep use_distributed_sampler=True, or make your "
@@ -134,8 +135,11 @@ class ControlPlane:
         schedule = loop.schedule
         if schedule.time_up_here():
             flags[_TIME_UP] = me
+        if schedule.val_time_due_here():
+            flags[_VAL_TIME] = me
         agreed = self._strategy.agree(flags)
         schedule.time_up_agreed = schedule.time_up_agreed or bool(agreed[_TIME_UP])  # max_time: on every rank at once
+        schedule.val_time_agreed = bool(agreed[_VAL_TIME])  # a time val_check_interval: validate on every rank
         self.clock.agreed(loop.progress.total_batches)
         self._check_data_left(loop, agreed)  # first: a rank without a batch logged nothing, names would differ
         if agreed[_KEYS] != -agreed[_NEG_KEYS]:

@@ -75,14 +75,21 @@ def batch_limit(name: str, value: Any) -> int | float:
     raise ConfigError(f"{name}={value!r} is not valid: use a float in [0.0, 1.0] or an int >= 0.")
 
 
-def check_interval(name: str, value: Any) -> int | float:
-    """A float in (0, 1] (a fraction of an epoch) or an int >= 1 (every N training batches)."""
+def check_interval(name: str, value: Any) -> int | float | timedelta:
+    """A float in (0, 1] (a fraction of an epoch), an int >= 1 (every N training batches), or a wall-clock time as
+    Lightning takes it: a timedelta, a dict of its keyword arguments, or "DD:HH:MM:SS"."""
+    if isinstance(value, (str, dict, timedelta)):
+        interval = parse_duration(value, name)
+        if interval is None or interval.total_seconds() < 0:
+            raise ConfigError(f"{name}={value!r} is not valid: a time interval cannot be negative.")
+        return interval
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
         isinstance(value, float) and not 0.0 < value <= 1.0
     ) or (isinstance(value, int) and value < 1):
         raise ConfigError(
             f"{name}={value!r} is not valid: use a float in (0.0, 1.0] (fraction of an epoch) or an int >= 1 "
-            "(every N training batches)."
+            "(every N training batches), or a time: 'DD:HH:MM:SS', a datetime.timedelta or a dict like "
+            "{'minutes': 30}."
         )
     return value
 

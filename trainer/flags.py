@@ -46,13 +46,14 @@ class RunSpec:
     limit_val_batches: int | float
     limit_test_batches: int | float
     limit_predict_batches: int | float
-    val_check_interval: int | float
+    overfit_batches: int | float  # 0: off; else the train and val limits (data shuffling off in fit)
+    val_check_interval: int | float | timedelta  # a timedelta: validate when that much wall time has passed
     check_val_every_n_epoch: int | None
     num_sanity_val_steps: int  # -1: all
     accumulate_grad_batches: int
     gradient_clip_val: float | None
     gradient_clip_algorithm: str
-    log_every_n_steps: int
+    log_every_n_steps: int  # 0: no step values reach the loggers
     default_root_dir: AnyPath  # a Path, or an fsspec URL (s3://...)
     deterministic: bool | str
     fast_dev_run: int  # 0: off
@@ -67,6 +68,7 @@ class RunSpec:
     inference_mode: bool
     benchmark: bool | None  # None: torch.backends.cudnn.benchmark as it is (False under deterministic=True)
     sync_batchnorm: bool
+    barebones: bool
 
 
 def _resolve_strategy(strategy: Any, devices: list[torch.device], num_nodes: int, precision: str) -> Strategy:
@@ -104,6 +106,12 @@ class Flag:
     name: str
     default: Any
     check: Check
+    none_means: Any = None  # a flag whose signature default is None (as Lightning's): the value None stands for
+
+    @property
+    def resolved_default(self) -> Any:
+        """The value the flag has when it is not given (None resolved)."""
+        return self.none_means if self.default is None and self.name in NONE_MEANS_DEFAULT else self.default
 
 
 _EPOCHS = " (-1 means no limit)"
@@ -123,16 +131,17 @@ FLAGS: tuple[Flag, ...] = (
     Flag("limit_val_batches", 1.0, check.batch_limit),
     Flag("limit_test_batches", 1.0, check.batch_limit),
     Flag("limit_predict_batches", 1.0, check.batch_limit),
+    Flag("overfit_batches", 0.0, check.batch_limit),
     Flag("val_check_interval", 1.0, check.check_interval),
     Flag("check_val_every_n_epoch", 1, check.int_at_least(1, " or None", allow_none=True)),
-    Flag("num_sanity_val_steps", 2, check.int_at_least(-1, " (-1 runs all validation batches)")),
+    Flag("num_sanity_val_steps", None, check.int_at_least(-1, " (-1 runs all validation batches)"), 2),
     Flag("accumulate_grad_batches", 1, check.int_at_least(1)),
     Flag("gradient_clip_val", None, check.clip_value),
     Flag("gradient_clip_algorithm", "norm", check.one_of("norm", "value")),
-    Flag("log_every_n_steps", 50, check.int_at_least(1)),
-    Flag("enable_checkpointing", True, check.boolean),
-    Flag("enable_progress_bar", True, check.boolean),
-    Flag("enable_model_summary", True, check.boolean),
+    Flag("log_every_n_steps", None, check.int_at_least(0, " (0: no step values reach the loggers)"), 50),
+    Flag("enable_checkpointing", None, check.boolean, True),
+    Flag("enable_progress_bar", None, check.boolean, True),
+    Flag("enable_model_summary", None, check.boolean, True),
     Flag("default_root_dir", None, check.optional_path),
     Flag("deterministic", False, check.one_of(True, False, "warn")),
     Flag("fast_dev_run", False, check.fast_dev_run),
@@ -144,6 +153,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("inference_mode", True, check.boolean),
     Flag("benchmark", None, check.optional_boolean),
     Flag("sync_batchnorm", False, check.boolean),
+    Flag("barebones", False, check.boolean),
 )
 # Lightning's signature takes None for these and means the default by it (a YAML `null` included)
 NONE_MEANS_DEFAULT = frozenset({
@@ -183,6 +193,8 @@ def parse_flags(hardware: Hardware | None = None, **given: Any) -> RunSpec:
         values.update(max_epochs=1, max_steps=dev_run, num_sanity_val_steps=0, limit_train_batches=dev_run,
                       limit_val_batches=dev_run, limit_test_batches=dev_run, limit_predict_batches=dev_run,
                       val_check_interval=1.0, check_val_every_n_epoch=1, enable_checkpointing=False)
+    if overfit := values["overfit_batches"]:  # Lightning's rule: it sets both limits, over fast_dev_run's too
+        values.update(limit_train_batches=overfit, limit_val_batches=overfit)
     values["strategy"] = _resolve_strategy(values["strategy"], devices, values["num_nodes"], values["precision"])
     _check_strategy_precision(values["strategy"], values["precision"])
     return RunSpec(device_type=device_type, devices=tuple(devices), **values)
@@ -190,7 +202,7 @@ def parse_flags(hardware: Hardware | None = None, **given: Any) -> RunSpec:
 
 def _given(given: dict[str, Any], flag: Flag) -> Any:
     value = given.get(flag.name, flag.default)
-    return flag.default if value is None and flag.name in NONE_MEANS_DEFAULT else value
+    return flag.resolved_default if value is None and flag.name in NONE_MEANS_DEFAULT else value
 
 
 def _resolve_hardware(accelerator: Any, devices: Any, gpus: Any, hardware: Hardware) -> tuple[str, list[torch.device]]:

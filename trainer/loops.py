@@ -114,6 +114,7 @@ def _train_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> b
     progress, results, metrics, position = loop.progress, loop.train_results, loop.metrics, loop.position
     position.set(Phase.BATCH_STARTED)
     progress.val_started = False
+    metrics.train_batch_starts()
     batch = loop.to_device(batch, 0)
     results.set_batch(batch)
     if call_hook(loop, "on_train_batch_start", batch, batch_idx) == -1:
@@ -124,8 +125,8 @@ def _train_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> b
     progress.total_batches += 1
     position.set(Phase.BETWEEN_BATCHES)
     call_hook(loop, "on_train_batch_end", outputs, batch, batch_idx)
-    if metrics.loggers:
-        metrics.step_end(results, progress.total_batches, progress.global_step, progress.current_epoch)
+    stepped = not loop.automatic or loop.schedule.window_ends(batch_idx, is_last)
+    metrics.step_end(results, stepped, progress.current_epoch, loop.schedule.should_stop)
     _stop_on_agreed_signal(loop)
     return True
 
@@ -142,6 +143,7 @@ def _validate_during_fit(loop: FitState) -> None:
     with loop.control.outside_steps():  # no step bound on collectives during validation
         run_evaluation(loop, RunningStage.VALIDATING)
     loop.position.validation_finished()
+    loop.schedule.validation_ran()
     loop.trainer.state.stage = RunningStage.TRAINING
 
 
@@ -153,9 +155,9 @@ def _train_epoch_end(loop: FitState, complete: bool) -> None:
     """
     results, p, metrics = loop.train_results, loop.progress, loop.metrics
     loop.control.epoch_ends()  # epoch-end hooks and the next epoch's data loaders: no step bound
-    metrics.epoch_end(results.epoch_end("training epoch end"), p.global_step, p.current_epoch)
+    metrics.epoch_end(results.epoch_end("training epoch end"), metrics.train_epoch_step, p.current_epoch)
     call_hook(loop, "on_train_epoch_end")
-    metrics.epoch_end(results.epoch_end("on_train_epoch_end"), p.global_step, p.current_epoch)
+    metrics.epoch_end(results.epoch_end("on_train_epoch_end"), metrics.train_epoch_step, p.current_epoch)
     results.reset_metric_objects()  # after the epoch-end hooks, so compute() in them gives the epoch value
     if complete:
         loop.scheduler_stepper.step("epoch", p.current_epoch + 1, metrics.callback_metrics)
@@ -262,7 +264,7 @@ def _eval_epoch_end(loop: FitState, results: Any, stage: RunningStage, prefix: s
         call_hook(loop, f"on_{prefix}_epoch_end")
         results.reset()  # after the hook: a metric's compute() in it sees the sanity batches, as in Lightning
         return {}
-    step = loop.progress.global_step
+    step = loop.metrics.logging_step
     computed = results.epoch_end(f"{prefix} epoch end")
     loop.metrics.epoch_end({**computed, "logger": {}}, step, None)
     call_hook(loop, f"on_{prefix}_epoch_end")

@@ -25,12 +25,14 @@ class MetricsRouter:
         self._logged: dict[str, Any] = {}
         self._progress_bar: dict[str, Tensor] = {}
         self._live: ResultCollection | None = None  # the train results whose step values are current
+        self._stepped_now = False  # the last training batch closed an accumulation window
 
     def reset(self) -> None:
         self._callback.clear()
         self._logged.clear()
         self._progress_bar.clear()
         self._live = None
+        self._stepped_now = False
 
     def watch(self, results: ResultCollection | None) -> None:
         """Step values of `results` show up in callback/progress-bar metrics until the next watch()."""
@@ -81,14 +83,21 @@ class MetricsRouter:
         self._callback, self._logged = dict(callback), dict(logged)
 
     # --- the logging cadence ----------------------------------------------------------------------
-    def log_due(self, batches_done: int) -> bool:
-        """Does the training batch that completes `batches_done` batches send its step values to the loggers?"""
-        return bool(self.loggers) and batches_done % self.log_every_n_steps == 0
+    def log_due(self, stepped: int) -> bool:
+        """Does the `stepped`-th batch that steps the optimizer send its step values to the loggers?
+
+        Lightning's count: batches that closed an accumulation window (optimizer steps with one optimizer; every
+        batch in manual optimization), not batches: with accumulate_grad_batches=4 and log_every_n_steps=2,
+        every 8th batch. 0 never logs at steps.
+        """
+        n = self.log_every_n_steps
+        return bool(self.loggers) and n > 0 and stepped % n == 0
 
     @property
     def batch_starting_logs(self) -> bool:
-        """In `on_train_batch_start` (the batch not counted yet): will this batch's step values reach the loggers?"""
-        return self.log_due(self._progress.total_batches + 1)
+        """In `on_train_batch_start`: will the next optimizer step's values reach the loggers? (Lightning asks the
+        same question at every batch of the window that step closes.)"""
+        return self.log_due(self._progress.stepped_batches + 1)
 
     def send_measured(self, values: dict[str, float], step: int) -> None:
         """Send values a callback measured itself (not `self.log` values) to the loggers at `step`.
@@ -105,13 +114,37 @@ class MetricsRouter:
             self._send(values, step)
 
     # --- updates from the loops -------------------------------------------------------------------
-    def step_end(self, results: ResultCollection, batches_done: int, step: int, epoch: int) -> None:
-        """After each training batch: send step values to the loggers when the cadence says so."""
-        if not self.log_due(batches_done):
+    def step_end(self, results: ResultCollection, stepped: bool, epoch: int, stopping: bool = False) -> None:
+        """After each training batch (`stepped`: it closed an accumulation window): send its step values to the
+        loggers when the cadence says so, or when a stop was requested (`should_stop`, as Lightning), at Lightning's
+        step: the number of stepping batches before this one."""
+        self._stepped_now = stepped
+        if not stepped:
+            return
+        count = self._progress.stepped_batches + 1
+        self._progress.stepped_batches = count
+        if not (self.log_due(count) or (stopping and self.loggers and self.log_every_n_steps > 0)):
             return
         values = results.step_metrics("logger")
         if values:
-            self._send({**to_python(values), "epoch": epoch}, step)
+            self._send({**to_python(values), "epoch": epoch}, count - 1)
+
+    def train_batch_starts(self) -> None:
+        """A training batch begins: the batch before it is done (see `logging_step`)."""
+        self._stepped_now = False
+
+    @property
+    def logging_step(self) -> int:
+        """The step a value sent now goes out at, as Lightning's: the batches that stepped the optimizer before the
+        current training batch, which the validation after a batch shares with that batch's step values (Lightning
+        counts a batch once everything after it ran). Used for validation values and by callbacks that send their
+        own values (ThroughputMonitor, DeviceStatsMonitor)."""
+        return self._progress.stepped_batches - self._stepped_now
+
+    @property
+    def train_epoch_step(self) -> int:
+        """Lightning's step for training epoch-end values: the step of the epoch's last step values."""
+        return self._progress.stepped_batches - 1
 
     def epoch_end(self, computed: dict[str, dict[str, Tensor]], step: int, epoch: int | None) -> dict[str, float]:
         """Record epoch values (from ResultCollection.epoch_end) and send them to the loggers."""

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from strategies.distributed import rank_zero_warn
 from strategies.exceptions import MisconfigurationError
 from trainer.data_hooks import DataHooks
 from trainer.hparams import HyperparametersMixin
@@ -327,6 +328,10 @@ class TrainModule(HyperparametersMixin, OptimizationHooks, ModuleConveniences, M
         if not isinstance(name, str) or not name:
             raise MisconfigurationError(f"self.log() needs a non-empty string name, got {name!r}.")
         check_log_options(name, enable_graph, sync_dist, sync_dist_group, add_dataloader_idx, rank_zero_only)
+        if self._trainer.barebones:  # Lightning's rule: a warning, and nothing recorded
+            rank_zero_warn(f"self.log({name!r}) under `Trainer(barebones=True)`: logging can impact raw speed, so "
+                           "it is disabled in barebones mode; the value is not recorded.")
+            return
         self._trainer.fit_state.results.log(
             name, value, on_step, on_epoch, prog_bar, True if logger is None else logger, sync_dist,
             reduce_fx_name(reduce_fx), batch_size, add_dataloader_idx,

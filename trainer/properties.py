@@ -59,7 +59,11 @@ class TrainerProperties:
     check_val_every_n_epoch = property(lambda self: self.fit_state.spec.check_val_every_n_epoch)
     """Validate every N epochs (None: count `val_check_interval` batches across epochs)."""
     val_check_interval = property(lambda self: self.fit_state.spec.val_check_interval)
-    """Validation cadence within an epoch: a fraction of it (float) or a batch count (int)."""
+    """Validation cadence: a fraction of an epoch (float), a batch count (int) or a wall-clock time (timedelta)."""
+    overfit_batches = property(lambda self: self.fit_state.spec.overfit_batches)
+    """The `overfit_batches` flag (0: off)."""
+    barebones = property(lambda self: self.fit_state.spec.barebones)
+    """The `barebones` flag: whether everything that may cost speed is off."""
     log_every_n_steps = property(lambda self: self.fit_state.spec.log_every_n_steps)
     """How often step metrics go to the loggers."""
     fast_dev_run = property(lambda self: self.fit_state.spec.fast_dev_run)

@@ -12,7 +12,7 @@ from strategies.checkpoint_io import checkpoint_problem, find_checkpoints
 from strategies.distributed import rank_zero_info, rank_zero_warn
 from strategies.exceptions import ConfigError, MisconfigurationError
 from strategies.filesystem import AnyPath, join, parent, to_path
-from trainer import data
+from trainer import data, overfit
 from trainer.combined_loader import MODES, CombinedLoader, TrainingBatches
 from trainer.flags import RunSpec
 from trainer.loggers.base import run_folder
@@ -129,6 +129,8 @@ class StageLoaders:
 
         def prepare(stage: str, training: bool) -> tuple[list[Any], list[int | float]]:
             loaders = data.resolve_loaders(stage, given.get(stage), datamodule, module)
+            if spec.overfit_batches and fn == TrainerFn.FITTING:  # Lightning's rule: in fit only
+                loaders = overfit.in_order(loaders, stage)
             even = strategy.evaluation_shards_even
             loaders = [prepare_loader(dl, sampler_kwargs, training, even) for dl in loaders]
             if stage == "predict":  # so writers and the gather across ranks know each batch's samples
@@ -176,6 +178,8 @@ class StageLoaders:
         loaders = combined.flattened if combined is not None else [source]
         if not loaders:
             raise MisconfigurationError("fit(): the collection of training loaders is empty.")
+        if spec.overfit_batches:
+            loaders = overfit.in_order(loaders, "train")
         prepared = []
         for loader in loaders:
             if not isinstance(loader, Iterable):

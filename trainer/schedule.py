@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import time
+from datetime import timedelta
 
 from strategies.distributed import rank_zero_info
 from trainer.flags import RunSpec
@@ -31,6 +32,9 @@ class FitSchedule:
         self.time_up_agreed = False
         self.should_stop = False
         self._min_epochs_notice = False
+        self.clock = time.monotonic  # read for max_time and a time val_check_interval (tests put a fake one here)
+        self._last_val = 0.0  # when the fit started or the last validation ended (a time val_check_interval)
+        self.val_time_agreed = False  # several ranks: the step agreement said a time val_check_interval passed
 
     def start(self, num_training_batches: int | float, has_validation: bool, world_size: int = 1) -> None:
         """Called once the train loader is known. With several ranks, max_time is decided by the step
@@ -41,14 +45,17 @@ class FitSchedule:
         self.time_up_agreed = False
         self.should_stop = False  # a new fit() goes on after an earlier one was stopped (as in Lightning)
         interval = self.spec.val_check_interval
-        if isinstance(interval, float):
+        self._last_val, self.val_time_agreed = self.clock(), False
+        if isinstance(interval, timedelta):
+            self._val_every = math.inf  # by the clock, not by batch counts
+        elif isinstance(interval, float):
             self._val_every = (
                 max(1, int(num_training_batches * interval)) if num_training_batches != math.inf else math.inf
             )
         else:
             self._val_every = interval
         if self.spec.max_time is not None:
-            self._deadline = time.monotonic() + self.spec.max_time.total_seconds()
+            self._deadline = self.clock() + self.spec.max_time.total_seconds()
 
     def val_due(self, batch_idx: int, is_last: bool) -> bool:
         """Validation runs after this training batch?"""
@@ -57,11 +64,34 @@ class FitSchedule:
         every_n = self.spec.check_val_every_n_epoch
         if every_n is not None and (self.progress.current_epoch + 1) % every_n:
             return False
+        if isinstance(self.spec.val_check_interval, timedelta):
+            return self._val_time_due(is_last)
         if isinstance(self.spec.val_check_interval, int) and every_n is None:
             return self.progress.total_batches % self.spec.val_check_interval == 0
         if self.spec.val_check_interval == 1.0 and is_last:
             return True
         return self._val_every != math.inf and (batch_idx + 1) % self._val_every == 0
+
+    def _val_time_due(self, is_last: bool) -> bool:
+        """Lightning's rule for a time interval: due once that much time passed since the fit started or the last
+        validation ended (the end of an epoch alone does not make it due, except for data without a length).
+        With several ranks the step agreement decided it (trainer/control.py), so that every rank validates after
+        the same batch; between agreements (agree_every_n_steps > 1) it is not due."""
+        if is_last and self.num_training_batches == math.inf:
+            return True
+        if self.clock_agreed:
+            due, self.val_time_agreed = self.val_time_agreed, False
+            return due
+        return self.val_time_due_here()
+
+    def val_time_due_here(self) -> bool:
+        """This process's clock says a time val_check_interval passed (what a rank contributes to the agreement)."""
+        interval = self.spec.val_check_interval
+        return isinstance(interval, timedelta) and self.clock() - self._last_val >= interval.total_seconds()
+
+    def validation_ran(self) -> None:
+        """A validation inside fit ended: a time val_check_interval counts from now."""
+        self._last_val, self.val_time_agreed = self.clock(), False
 
     def window_ends(self, batch_idx: int, is_last: bool) -> bool:
         """Does this training batch close its gradient-accumulation window (so the optimizer steps after it)?
@@ -76,7 +106,7 @@ class FitSchedule:
 
     def time_up_here(self) -> bool:
         """This process's clock passed max_time (what a rank contributes to the step agreement)."""
-        return self._deadline is not None and time.monotonic() >= self._deadline
+        return self._deadline is not None and self.clock() >= self._deadline
 
     def _time_up(self) -> bool:
         return self.time_up_agreed if self.clock_agreed else self.time_up_here()

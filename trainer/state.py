@@ -56,6 +56,7 @@ class Progress:
     global_step: int = 0
     epoch_batches: int = 0
     total_batches: int = 0
+    stepped_batches: int = 0  # batches that closed an accumulation window: the `log_every_n_steps` count
     epoch_finished: bool = False
     val_started: bool = False  # validation due after the last finished batch has begun
     epoch_opened: bool = False
@@ -67,6 +68,8 @@ class Progress:
         for key, value in state.items():
             if hasattr(self, key):
                 setattr(self, key, value)
+        if "stepped_batches" not in state:  # written before the counter existed: one optimizer, no skipped steps
+            self.stepped_batches = self.global_step
         if "epoch_opened" not in state:  # written before the flag existed: an epoch was open once a batch finished
             self.epoch_opened = self.epoch_batches > 0 and not self.epoch_finished
 

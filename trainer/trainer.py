@@ -6,6 +6,7 @@ It never asks which strategy it has: everything that differs is behind `self.str
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from strategies.compiled import unwrap_compiled
 from strategies.exceptions import ConfigError, MisconfigurationError
 from trainer import checkpoint as ckpt
 from trainer import failure, loops, optimizer_path, run_start
+from trainer.barebones import announce_start, apply_barebones
 from trainer.control import ControlPlane
 from trainer.fit_state import FitState
 from trainer.flags import FLAG_NAMES, parse_flags
@@ -77,18 +79,19 @@ class Trainer(TrainerProperties):
         limit_val_batches: int | float | None = 1.0,
         limit_test_batches: int | float | None = 1.0,
         limit_predict_batches: int | float | None = 1.0,
-        val_check_interval: int | float | None = 1.0,
+        overfit_batches: int | float = 0.0,
+        val_check_interval: int | float | str | timedelta | dict[str, int] | None = 1.0,
         check_val_every_n_epoch: int | None = 1,
-        num_sanity_val_steps: int | None = 2,
+        num_sanity_val_steps: int | None = None,
         accumulate_grad_batches: int = 1,
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = "norm",
         callbacks: Any = None,
-        logger: Any = True,
-        log_every_n_steps: int | None = 50,
-        enable_checkpointing: bool | None = True,
-        enable_progress_bar: bool | None = True,
-        enable_model_summary: bool | None = True,
+        logger: Any = None,
+        log_every_n_steps: int | None = None,
+        enable_checkpointing: bool | None = None,
+        enable_progress_bar: bool | None = None,
+        enable_model_summary: bool | None = None,
         default_root_dir: str | Path | None = None,
         deterministic: bool | str | None = False,
         fast_dev_run: bool | int = False,
@@ -101,15 +104,17 @@ class Trainer(TrainerProperties):
         inference_mode: bool = True,
         benchmark: bool | None = None,
         sync_batchnorm: bool = False,
+        barebones: bool = False,
     ) -> None:
         given = locals()
         flags = {name: given[name] for name in FLAG_NAMES}
-        spec = parse_flags(**flags)
         self.init_flags = flags  # as given: the tuner builds its trial Trainer from them (trainer/tuner.py)
+        given = apply_barebones({**flags, "logger": logger, "profiler": profiler, "callbacks": callbacks})
+        spec = parse_flags(**{name: given[name] for name in FLAG_NAMES})
         self.profiler = build_profiler(profiler)  # trainer/profilers: a pass-through one when None
         self.strategy = spec.strategy
         self.state = TrainerState()
-        self.loggers = build_loggers(logger, spec)
+        self.loggers = build_loggers(given["logger"], spec)
         self.callbacks = build_callbacks(callbacks, spec)
         self.datamodule: Any = None
         self._signals = StopSignals()
@@ -214,6 +219,7 @@ class Trainer(TrainerProperties):
         run_start.before_environment(self, model)  # configure_callbacks, then the uncalled-hook check
         self.state.fn, self.state.status = fn, TrainerStatus.RUNNING
         stage, loop = fn.value, self.fit_state
+        announce_start(loop.spec.barebones)
         try:
             self.strategy.setup_environment()
             loop.control.start(self.strategy)

@@ -75,7 +75,7 @@ def test_the_constructor_is_keyword_only():
 
 def test_none_means_the_default_where_lightning_takes_none():
     trainer = Trainer(**{name: None for name in NONE_MEANS_DEFAULT}, accelerator="cpu", devices=1)
-    defaults = {flag.name: flag.default for flag in FLAGS}
+    defaults = {flag.name: flag.resolved_default for flag in FLAGS}
     spec = trainer.fit_state.spec
     for name in NONE_MEANS_DEFAULT - {"precision"}:
         assert getattr(spec, name) == defaults[name], name

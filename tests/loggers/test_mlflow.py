@@ -66,7 +66,7 @@ def test_metrics_params_tags_and_status_read_back(server, client, tmp_path):
     assert run.data.params == {"lr": "0.1", "width": "3"}
     assert run.data.tags["team"] == "core"
     history = client.get_metric_history(logger.run_id, "loss")
-    assert [m.step for m in history] == [1, 2, 3, 4]
+    assert [m.step for m in history] == [0, 1, 2, 3]  # Lightning's step: the optimizer steps before this one
     assert run.data.metrics["val_loss"] == pytest.approx(client.get_metric_history(logger.run_id, "val_loss")[-1]
                                                          .value)
 
@@ -103,7 +103,7 @@ def test_resume_a_run_by_id_appends_to_it(server, client, tmp_path):
     again = MLFlowLogger(tracking_uri=server, run_id=logger.run_id)
     trainer = Trainer(**{**FIT, "max_epochs": 3, "logger": again, "default_root_dir": tmp_path})
     trainer.fit(Logs(width=3), ckpt_path=last)
-    assert [m.step for m in client.get_metric_history(logger.run_id, "loss")] == [1, 2, 3, 4, 5, 6]
+    assert [m.step for m in client.get_metric_history(logger.run_id, "loss")] == [0, 1, 2, 3, 4, 5]
     assert len(client.search_runs([logger.experiment_id])) == 1
 
 

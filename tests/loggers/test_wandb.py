@@ -75,8 +75,8 @@ def test_hyperparameters_go_to_the_config(fitted):
 
 def test_metrics_use_the_global_step_as_x_axis(fitted):
     trainer, _, _, path = fitted
-    assert [step for step, _ in _history(path, "loss")] == [1, 2, 3, 4]
-    assert _history(path, "val_loss")[-1] == (4, pytest.approx(float(trainer.callback_metrics["val_loss"])))
+    assert [step for step, _ in _history(path, "loss")] == [0, 1, 2, 3]  # Lightning's: the steps before this one
+    assert _history(path, "val_loss")[-1] == (3, pytest.approx(float(trainer.callback_metrics["val_loss"])))
 
 
 def test_the_checkpoint_is_a_model_artifact_that_loads(fitted):

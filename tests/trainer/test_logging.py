@@ -43,7 +43,7 @@ def test_training_step_defaults_to_on_step_and_validation_to_on_epoch():
     trainer = Trainer(max_epochs=1, log_every_n_steps=2, **{**QUIET, "logger": logger})
     trainer.fit(M())
     train_rows = [(s, m) for s, m in logger.rows if "train_loss" in m]
-    assert [s for s, _ in train_rows] == [2, 4, 6, 8]
+    assert [s for s, _ in train_rows] == [1, 3, 5, 7]  # Lightning's step: the optimizer steps before this one
     val_rows = [m for _, m in logger.rows if "val_loss" in m]
     assert len(val_rows) == 1 and val_rows[0]["epoch"] == 0
     assert set(trainer.callback_metrics) == {"train_loss", "val_loss"}
@@ -77,8 +77,8 @@ def test_on_step_and_on_epoch_together_create_suffixed_keys():
     logger = MemoryLogger()
     trainer = Trainer(max_epochs=1, log_every_n_steps=1, limit_val_batches=0, **{**QUIET, "logger": logger})
     trainer.fit(M())
-    assert logger.rows[0] == (1, {"loss_step": 0.0, "epoch": 0})
-    assert logger.rows[-1] == (8, {"loss_epoch": 3.5, "epoch": 0})
+    assert logger.rows[0] == (0, {"loss_step": 0.0, "epoch": 0})  # Lightning's step: the steps before this one
+    assert logger.rows[-1] == (7, {"loss_epoch": 3.5, "epoch": 0})  # Lightning's: the last batch's step
     assert float(trainer.callback_metrics["loss_epoch"]) == 3.5
     assert float(trainer.callback_metrics["loss"]) == 3.5
     assert trainer.progress_bar_metrics == {"loss_step": 7.0, "loss_epoch": 3.5}
@@ -188,7 +188,7 @@ def test_csv_logger_writes_metrics_and_hparams(tmp_path: Path):
     logger = CSVLogger(tmp_path)
     Trainer(max_epochs=1, log_every_n_steps=4, **{**QUIET, "logger": logger}).fit(M())
     rows = list(csv.DictReader(open(Path(logger.log_dir) / "metrics.csv")))
-    assert [r["step"] for r in rows if r["train_loss"]] == ["4", "8"]
+    assert [r["step"] for r in rows if r["train_loss"]] == ["3", "7"]  # Lightning's steps
     assert (Path(logger.log_dir) / "hparams.yaml").read_text() == "lr: 0.1\n"
     assert Path(logger.log_dir) == tmp_path / "csv_logs" / "version_0"
 
