@@ -16,7 +16,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch.optim import Optimizer
+from torch.utils.data import DataLoader
 
 from strategies.base import Strategy
 from strategies.strategy_optimizer import StrategyOptimizer
@@ -140,6 +142,13 @@ class FitState:
         else:
             self.strategy.clip_gradients(optimizer, max_value=value)
 
+    def reload_if_due(self, stage: str) -> None:
+        """`reload_dataloaders_every_n_epochs`: the `stage` loaders requested again when due (before the epoch's
+        data is read, or before a validation), and the schedule on the new training batch count."""
+        if self.loaders.reload_due(stage, self.progress.current_epoch) and stage == "train":
+            self.schedule.set_batches(self.loaders.num_train, self.schedule.has_validation)
+            _draw_as_lightning_reload(self.loaders.train)
+
     def reload_dataloaders(self) -> None:
         """Build this run's loaders again from their sources, and the fit's schedule on the new batch counts."""
         self.loaders.reload()
@@ -158,3 +167,14 @@ class FitState:
         """What `TrainModule.optimizers()` hands out: the wrappers that step through the strategy, or (wrapped=False)
         the optimizers themselves."""
         return self.user_optimizers if wrapped else self.optimizers
+
+
+def _draw_as_lightning_reload(train: Any) -> None:
+    """Lightning opens a reloaded training loader's iterator twice (when it requests it, and at the epoch start),
+    and each DataLoader iterator draws its worker base seed from the RNG: draw that seed once per DataLoader too
+    (without starting an iterator, so no worker starts), and the epoch's shuffle is the one Lightning gives."""
+    inner = getattr(train, "inner_loaders", None)
+    for loader in inner() if callable(inner) else [train]:
+        if isinstance(loader, DataLoader):
+            torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+

@@ -69,6 +69,7 @@ class RunSpec:
     benchmark: bool | None  # None: torch.backends.cudnn.benchmark as it is (False under deterministic=True)
     sync_batchnorm: bool
     barebones: bool
+    reload_dataloaders_every_n_epochs: int  # 0: the fit's loaders are requested once
 
 
 def _resolve_strategy(strategy: Any, devices: list[torch.device], num_nodes: int, precision: str) -> Strategy:
@@ -154,6 +155,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("benchmark", None, check.optional_boolean),
     Flag("sync_batchnorm", False, check.boolean),
     Flag("barebones", False, check.boolean),
+    Flag("reload_dataloaders_every_n_epochs", 0, check.int_at_least(0)),
 )
 # Lightning's signature takes None for these and means the default by it (a YAML `null` included)
 NONE_MEANS_DEFAULT = frozenset({

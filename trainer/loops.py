@@ -61,6 +61,8 @@ def train_one_batch_manual(loop: FitState, batch: Any, batch_idx: int, is_last: 
 def run_train_epoch(loop: FitState) -> None:
     """One training epoch, with validation wherever it is due."""
     progress, schedule, position = loop.progress, loop.schedule, loop.position
+    resume.before_epoch(loop)  # RNG of an epoch-boundary resume first: the loaders may be requested again next
+    loop.reload_if_due("train")
     loader, num_batches = loop.loaders.train, schedule.num_training_batches
     iterator, start = _start_epoch(loop, loader)
     runs_out, sampler, stopped = data.runs_out(loader, num_batches), resumable_sampler(loader), False
@@ -95,7 +97,6 @@ def _start_epoch(loop: FitState, loader: Any) -> tuple[Any, int]:
     and a validation still due after the batch a mid-epoch checkpoint was taken at."""
     progress, schedule = loop.progress, loop.schedule
     num_batches = schedule.num_training_batches
-    resume.before_epoch(loop)
     data.set_epoch(loader, progress.current_epoch)
     loop.trainer.state.stage = RunningStage.TRAINING
     loop.strategy.module.train()
@@ -137,6 +138,7 @@ def _stop_on_agreed_signal(loop: FitState) -> None:
 
 
 def _validate_during_fit(loop: FitState) -> None:
+    loop.reload_if_due("val")
     loop.progress.val_started = True
     zero_grad_before_validation(loop.strategy.module, loop.window_has_loss)
     loop.position.validation_started(capture_rng_state())
@@ -185,6 +187,7 @@ def run_fit(loop: FitState) -> None:
         run_evaluation(loop, RunningStage.SANITY_CHECKING)
         restore_rng_state(rng)
         loop.position.validation_finished()
+        loop.loaders.sanity_checked()
     call_hook(loop, "on_train_start")
     while not loop.schedule.fit_done():
         with loop.trainer.profiler.action("run_training_epoch"):

@@ -76,6 +76,7 @@ def _loop_state(loop: FitState) -> dict[str, Any]:
         "window_has_loss": window_has_loss,
         "step_pending": step_pending,
         "results": loop.train_results.state_dict(before_batch=rolled_back),
+        "loaders_requested_at": dict(loop.loaders.requested_at),  # reload_dataloaders_every_n_epochs goes on
     }
     if window_has_loss:  # inside a gradient-accumulation window: the partial sum is state too
         grads = loop.strategy.accumulated_gradients()
@@ -122,6 +123,7 @@ def plan_resume(loop: FitState, per_rank: list[dict[str, Any]], path: Any) -> Re
         return ResumePoint(rng=None, mid_epoch=False)
     mine = per_rank[rank]
     loop.train_results.load_state_dict(mine.get("results", {}))
+    loop.loaders.resumed(mine.get("loaders_requested_at", {}))
     sampler = resumable_sampler(loop.loaders.train)
     if sampler is not None:
         sampler.keep_run_seed(mine.get("sampler") or {})

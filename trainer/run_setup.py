@@ -3,6 +3,7 @@ stage, and the checkpoint a run resumes from. Kept out of trainer.py so that fil
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,10 +121,13 @@ class StageLoaders:
     predict_limits: list[int | float] = field(default_factory=list)
     given: dict[str, Any] = field(default_factory=dict)  # the loaders passed to the entry point (None: none)
     _last: tuple[Any, ...] = ()
+    requested_at: dict[str, float] = field(default_factory=dict)  # the epoch each fit stage's loaders were requested
+    stale: bool = False  # a resumed fit's loaders were requested before its epoch was restored
 
     def resolve(self, spec: RunSpec, strategy: Strategy, module: Any, datamodule: Any, fn: TrainerFn,
-                given: dict[str, Any]) -> None:
-        """Resolve the loaders `fn` needs (arguments > datamodule > module hooks), samplers injected, limits applied."""
+                given: dict[str, Any], only: str | None = None) -> None:
+        """Resolve the loaders `fn` needs (arguments > datamodule > module hooks), samplers injected, limits applied;
+        in fit, `only="train"` or `"val"` requests one of the two again."""
         self.given, self._last = dict(given), (spec, strategy, module, datamodule, fn, given)
         sampler_kwargs = strategy.distributed_sampler_kwargs if spec.use_distributed_sampler else None
 
@@ -141,15 +145,11 @@ class StageLoaders:
             return loaders, [data.limit_batches(stage, data.loader_length(dl), limit) for dl in loaders]
 
         if fn == TrainerFn.FITTING:
-            self._resolve_train(spec, strategy, sampler_kwargs, data.requested("train", given.get("train"),
-                                                                                datamodule, module))
-            from trainer.hooks import is_overridden
-            from trainer.module import TrainModule
-
-            has_val_step = is_overridden(module, "validation_step", TrainModule)
-            self.val, self.val_limits = prepare("val", False) if has_val_step else ([], [])
-            if not any(self.val_limits):
-                self.val, self.val_limits = [], []
+            if only != "val":
+                self._resolve_train(spec, strategy, sampler_kwargs, data.requested("train", given.get("train"),
+                                                                                    datamodule, module))
+            if only != "train":
+                self.val, self.val_limits = _fit_validation(module, prepare)
         elif fn == TrainerFn.VALIDATING:
             self.val, self.val_limits = prepare("val", False)
             _require(self.val, "validate", "val_dataloader")
@@ -196,11 +196,46 @@ class StageLoaders:
         self.train = TrainingBatches(combined)
         self.num_train = data.loader_length(self.train)
 
+    def sanity_checked(self) -> None:
+        """Lightning does not count the sanity check's request of the validation loaders: with
+        `reload_dataloaders_every_n_epochs`, the fit's first validation requests them again."""
+        self.requested_at["val"] = -math.inf
+
+    def resumed(self, requested_at: dict[str, float]) -> None:
+        """A resumed fit goes on with the saved request epochs; with reloads on, its first epoch requests the
+        loaders again, since the ones it has were requested before the checkpoint's epoch was restored."""
+        self.requested_at.update(requested_at)
+        self.stale = bool(requested_at) and bool(self._last and self._last[0].reload_dataloaders_every_n_epochs)
+
+    def reload_due(self, stage: str, epoch: int) -> bool:
+        """Lightning's `reload_dataloaders_every_n_epochs=N`: request the fit's `stage` ("train" or "val") loaders
+        again once N epochs have passed since they were last requested (at the fit's start, the first time)."""
+        every = self._last[0].reload_dataloaders_every_n_epochs if self._last else 0
+        for each in ("train", "val"):  # both were requested at the fit's start, where the first check happens
+            self.requested_at.setdefault(each, epoch)
+        last = self.requested_at[stage]
+        stale, self.stale = self.stale and stage == "train", self.stale and stage != "train"
+        if not stale and (not every or epoch - last < every):
+            return False
+        spec, strategy, module, datamodule, fn, given = self._last
+        self.resolve(spec, strategy, module, datamodule, fn, given, only=stage)
+        self.requested_at[stage] = epoch
+        return True
+
     def reload(self) -> None:
         """Resolve the current run's loaders again from the same sources (the hooks read the module's attributes
         anew: a batch size the BatchSizeFinder set takes effect, as after Lightning's search)."""
         if self._last:
             self.resolve(*self._last)
+
+
+def _fit_validation(module: Any, prepare: Any) -> tuple[list[Any], list[int | float]]:
+    """The loaders a fit validates on: none without a `validation_step`, or when every limit is 0."""
+    from trainer.hooks import is_overridden
+    from trainer.module import TrainModule
+
+    loaders, limits = prepare("val", False) if is_overridden(module, "validation_step", TrainModule) else ([], [])
+    return (loaders, limits) if any(limits) else ([], [])
 
 
 def _require(loaders: list[Any], fn: str, hook: str) -> None:

@@ -39,13 +39,20 @@ class FitSchedule:
     def start(self, num_training_batches: int | float, has_validation: bool, world_size: int = 1) -> None:
         """Called once the train loader is known. With several ranks, max_time is decided by the step
         agreement (trainer/control.py): each rank's clock alone could stop one rank a batch before the others."""
-        self.num_training_batches = num_training_batches
-        self.has_validation = has_validation
         self.clock_agreed = world_size > 1
         self.time_up_agreed = False
         self.should_stop = False  # a new fit() goes on after an earlier one was stopped (as in Lightning)
-        interval = self.spec.val_check_interval
         self._last_val, self.val_time_agreed = self.clock(), False
+        self.set_batches(num_training_batches, has_validation)
+        if self.spec.max_time is not None:
+            self._deadline = self.clock() + self.spec.max_time.total_seconds()
+
+    def set_batches(self, num_training_batches: int | float, has_validation: bool) -> None:
+        """The epoch's batch count and whether there is validation: at the start, and again when the loaders are
+        requested anew (`reload_dataloaders_every_n_epochs`) with a different length."""
+        self.num_training_batches = num_training_batches
+        self.has_validation = has_validation
+        interval = self.spec.val_check_interval
         if isinstance(interval, timedelta):
             self._val_every = math.inf  # by the clock, not by batch counts
         elif isinstance(interval, float):
@@ -54,8 +61,6 @@ class FitSchedule:
             )
         else:
             self._val_every = interval
-        if self.spec.max_time is not None:
-            self._deadline = self.clock() + self.spec.max_time.total_seconds()
 
     def val_due(self, batch_idx: int, is_last: bool) -> bool:
         """Validation runs after this training batch?"""

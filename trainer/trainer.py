@@ -105,6 +105,7 @@ class Trainer(TrainerProperties):
         benchmark: bool | None = None,
         sync_batchnorm: bool = False,
         barebones: bool = False,
+        reload_dataloaders_every_n_epochs: int = 0,
     ) -> None:
         given = locals()
         flags = {name: given[name] for name in FLAG_NAMES}
