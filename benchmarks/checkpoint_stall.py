@@ -29,14 +29,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
-import os
 import shutil
 import statistics
 import sys
 import tempfile
 import time
-import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -44,13 +41,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout: the repo's packages
 
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+from forked_ranks import run_forked  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from callbacks import Callback  # noqa: E402
 from strategies import ZeroStrategy  # noqa: E402
-from strategies.distributed import find_free_port  # noqa: E402
 from trainer import Trainer, TrainModule, seed_everything  # noqa: E402
 
 WORLD_SIZE = 2
@@ -118,44 +114,13 @@ def run_rank(mode: str, cfg: Config, folder: Path) -> dict[str, Any]:
     return {"fit_s": time.perf_counter() - saves.train_start, "blocked_s": saves.blocked}
 
 
-def _child(rank: int, port: int, mode: str, cfg: Config, folder: Path, queue: Any) -> None:
-    torch.set_num_threads(1)  # before any torch op: a forked child can hang in the parent's thread pool
-    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(WORLD_SIZE), "LOCAL_RANK": str(rank),
-                       "LOCAL_WORLD_SIZE": str(WORLD_SIZE), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                       "OMP_NUM_THREADS": "1"})
-    try:
-        queue.put((rank, "ok", run_rank(mode, cfg, folder)))
-    except BaseException:
-        queue.put((rank, "error", traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
 def run_mode(mode: str, cfg: Config) -> list[dict[str, Any]]:
-    ctx = multiprocessing.get_context("fork")
-    queue = ctx.Queue()
     folder = Path(tempfile.mkdtemp(prefix=f"stall-{mode}-"))
-    port = find_free_port()
-    procs = [ctx.Process(target=_child, args=(r, port, mode, cfg, folder, queue), daemon=True)
-             for r in range(WORLD_SIZE)]
-    for proc in procs:
-        proc.start()
-    results: dict[int, dict[str, Any]] = {}
     try:
-        for _ in range(WORLD_SIZE):
-            rank, status, payload = queue.get(timeout=cfg.timeout)
-            if status == "error":
-                raise RuntimeError(f"{mode}: rank {rank} failed:\n{payload}")
-            results[rank] = payload
+        return run_forked(lambda rank: run_rank(mode, cfg, folder), mode, WORLD_SIZE, cfg.timeout, join_timeout=30)
     finally:
-        for proc in procs:
-            proc.join(timeout=30)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
         shutil.rmtree(folder, ignore_errors=True)
-    return [results[r] for r in range(WORLD_SIZE)]
+
 
 
 def summarize(rounds: list[dict[str, list[dict[str, Any]]]], cfg: Config) -> dict[str, Any]:

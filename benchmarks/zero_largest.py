@@ -17,22 +17,18 @@ temporaries) stay in the heap and RSS follows the allocator's history rather tha
 from __future__ import annotations
 
 import ctypes
-import multiprocessing
-import os
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch._dynamo  # noqa: F401  (fully_shard imports it on first use, ~140 MiB: imported before the fork)
-import torch.distributed as dist
+from forked_ranks import run_forked
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import Callback
-from strategies.distributed import find_free_port
 from strategies.dtensor import torch_sharding
 from trainer import Trainer, TrainModule
 
@@ -109,42 +105,9 @@ def run_rank(rank: int, stage: str, cfg: LargestConfig) -> dict[str, Any]:
             "setup_peak_above_start_bytes": (probe.setup_peak_kib - start_kib) * 1024}
 
 
-def _child(rank: int, port: int, stage: str, cfg: LargestConfig, queue: Any) -> None:
-    torch.set_num_threads(1)
-    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(WORLD_SIZE), "LOCAL_RANK": str(rank),
-                       "LOCAL_WORLD_SIZE": str(WORLD_SIZE), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                       "OMP_NUM_THREADS": "1"})
-    try:
-        queue.put((rank, "ok", run_rank(rank, stage, cfg)))
-    except BaseException:
-        queue.put((rank, "error", traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
 def run_stage(stage: str, cfg: LargestConfig) -> list[dict[str, Any]]:
     torch_sharding()  # imported before the fork, like torch itself
-    ctx = multiprocessing.get_context("fork")
-    queue = ctx.Queue()
-    port = find_free_port()
-    procs = [ctx.Process(target=_child, args=(r, port, stage, cfg, queue), daemon=True) for r in range(WORLD_SIZE)]
-    for proc in procs:
-        proc.start()
-    results: dict[int, dict[str, Any]] = {}
-    try:
-        for _ in range(WORLD_SIZE):
-            rank, status, payload = queue.get(timeout=cfg.timeout)
-            if status == "error":
-                raise RuntimeError(f"{stage}: rank {rank} failed:\n{payload}")
-            results[rank] = payload
-    finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-    return [results[r] for r in range(WORLD_SIZE)]
+    return run_forked(lambda rank: run_rank(rank, stage, cfg), stage, WORLD_SIZE, cfg.timeout)
 
 
 def measure(cfg: LargestConfig) -> dict[str, Any]:

@@ -45,19 +45,17 @@ first optimizer step, for ddp, zero1, zero2, zero3 and zero3 with meta-device in
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import statistics
 import time
-import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import zero_largest
 from common import figure, machine_info, paired, write_result
+from forked_ranks import run_forked
 from torch import Tensor, nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
@@ -65,7 +63,6 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import Callback
-from strategies.distributed import find_free_port
 from trainer import Trainer, TrainModule
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "zero_memory.json"
@@ -224,42 +221,9 @@ def run_rank(rank: int, stage: str, cfg: Config) -> dict[str, Any]:
 
 
 # --- forked ranks (as in tests/helpers/dist.py) ------------------------------------------------------------
-def _child(rank: int, port: int, stage: str, cfg: Config, queue: Any) -> None:
-    torch.set_num_threads(1)  # before any torch op: a forked child can hang in the parent's thread pool
-    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(WORLD_SIZE), "LOCAL_RANK": str(rank),
-                       "LOCAL_WORLD_SIZE": str(WORLD_SIZE), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                       "OMP_NUM_THREADS": "1"})
-    try:
-        queue.put((rank, "ok", run_rank(rank, stage, cfg)))
-    except BaseException:
-        queue.put((rank, "error", traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
 def run_stage(stage: str, cfg: Config) -> list[dict[str, Any]]:
     """One fit of `stage` on WORLD_SIZE freshly forked ranks; each rank's measurements, by rank."""
-    ctx = multiprocessing.get_context("fork")
-    queue = ctx.Queue()
-    port = find_free_port()
-    procs = [ctx.Process(target=_child, args=(r, port, stage, cfg, queue), daemon=True) for r in range(WORLD_SIZE)]
-    for proc in procs:
-        proc.start()
-    results: dict[int, dict[str, Any]] = {}
-    try:
-        for _ in range(WORLD_SIZE):
-            rank, status, payload = queue.get(timeout=cfg.timeout)
-            if status == "error":
-                raise RuntimeError(f"{stage}: rank {rank} failed:\n{payload}")
-            results[rank] = payload
-    finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-    return [results[r] for r in range(WORLD_SIZE)]
+    return run_forked(lambda rank: run_rank(rank, stage, cfg), stage, WORLD_SIZE, cfg.timeout)
 
 
 # --- summary ---------------------------------------------------------------------------------------------

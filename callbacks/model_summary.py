@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from callbacks.base import Callback
-from strategies.base import move_to_device
+from strategies.device_move import move_to_device
 from strategies.distributed import rank_zero_info
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ is called on every rank unless its docstring says otherwise.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -18,6 +18,7 @@ from torch.optim import Optimizer
 
 from strategies import checkpoint_io, compiled, distributed
 from strategies.activation_checkpointing import apply_activation_checkpointing, checkpointed_classes
+from strategies.device_move import move_to_device
 from strategies.exceptions import CheckpointSaveError
 from strategies.precision import CANONICAL_PRECISIONS, Precision
 from strategies.strategy_optimizer import unwrap_optimizer
@@ -47,37 +48,6 @@ class _StepRouter(nn.Module):
 
 
 NULL_CONTEXT = nullcontext()  # reusable; saves building one per step
-
-
-
-def move_to_device(batch: Any, device: torch.device) -> Any:
-    """Recursively move tensors in (nested) lists, tuples, namedtuples and dicts to `device`.
-
-    Containers whose tensors are already there come back as the same object (no per-step rebuild).
-    """
-    if isinstance(batch, Tensor):
-        if batch.is_cpu if device.type == "cpu" else batch.device == device:
-            return batch
-        return batch.to(device, non_blocking=device.type == "cuda")
-    if isinstance(batch, (list, tuple)):
-        moved, changed = [], False
-        for item in batch:
-            new = move_to_device(item, device)
-            changed = changed or new is not item
-            moved.append(new)
-        if not changed:
-            return batch
-        if hasattr(batch, "_fields"):  # namedtuple
-            return type(batch)(*moved)
-        return type(batch)(moved) if isinstance(batch, list) else tuple(moved)
-    if isinstance(batch, Mapping):
-        return type(batch)({k: move_to_device(v, device) for k, v in batch.items()}) if isinstance(
-            batch, dict
-        ) else {k: move_to_device(v, device) for k, v in batch.items()}
-    to = getattr(batch, "to", None)
-    if callable(to) and not isinstance(batch, nn.Module):
-        return to(device)
-    return batch
 
 
 class Strategy(ABC):

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from strategies.base import move_to_device
+from strategies.device_move import move_to_device
 
 
 class AttributeDict(dict):

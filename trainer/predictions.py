@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from strategies.base import move_to_device
+from strategies.device_move import move_to_device
 from strategies.distributed import rank_zero_warn
 from strategies.exceptions import MisconfigurationError
 from trainer.sampling import IndexRecorder

@@ -303,3 +303,11 @@ def _newest_intact(candidates: list[tuple[int, AnyPath]]) -> AnyPath:
             return path
         rank_zero_warn(f"ckpt_path='last': skipping the damaged checkpoint {path} ({problem}); trying an older one.")
     return candidates[0][1]
+
+
+def agree_logger_versions(strategy: Strategy, loggers: list[Any]) -> None:
+    """Rank 0 picks each logger's run (version_N, a run id); the others take it, so every rank names the same."""
+    for logger in loggers:
+        identity = strategy.broadcast(logger.identity() if strategy.is_global_zero else None)
+        if not strategy.is_global_zero:
+            logger.adopt_identity(identity)

@@ -19,6 +19,7 @@ from trainer import checkpoint as ckpt
 from trainer import failure, loops, optimizer_path, run_start
 from trainer.barebones import announce_start, apply_barebones
 from trainer.control import ControlPlane
+from trainer.datamodule import DataModule
 from trainer.fit_state import FitState
 from trainer.flags import FLAG_NAMES, parse_flags
 from trainer.hooks import HookDispatcher, call_hook, is_overridden
@@ -31,7 +32,13 @@ from trainer.properties import TrainerProperties
 from trainer.rank_result import pack_if_child
 from trainer.results import ResultCollection
 from trainer.results_table import print_results
-from trainer.run_setup import build_callbacks, build_loggers, default_ckpt_path, resolve_ckpt_path
+from trainer.run_setup import (
+    agree_logger_versions,
+    build_callbacks,
+    build_loggers,
+    default_ckpt_path,
+    resolve_ckpt_path,
+)
 from trainer.schedule import FitSchedule
 from trainer.seed import apply_cudnn_benchmark, enable_determinism
 from trainer.state import Progress, RunningStage, TrainerFn, TrainerState, TrainerStatus
@@ -152,7 +159,7 @@ class Trainer(TrainerProperties):
                 something the Trainer cannot use.
             CheckpointLoadError: `ckpt_path` is damaged, foreign, or does not fit the model.
         """
-        if datamodule is None and _looks_like_datamodule(train_dataloaders):
+        if datamodule is None and isinstance(train_dataloaders, DataModule):
             datamodule, train_dataloaders = train_dataloaders, None
         self._launch(TrainerFn.FITTING, model, datamodule,
                              {"train": train_dataloaders, "val": val_dataloaders}, ckpt_path)
@@ -171,7 +178,7 @@ class Trainer(TrainerProperties):
 
     def _evaluate(self, fn: TrainerFn, model: Any, dataloaders: Any, ckpt_path: str | Path | None, verbose: bool,
                   datamodule: Any) -> list[dict[str, float]]:
-        if datamodule is None and _looks_like_datamodule(dataloaders):
+        if datamodule is None and isinstance(dataloaders, DataModule):
             datamodule, dataloaders = dataloaders, None
         stage = "val" if fn == TrainerFn.VALIDATING else "test"
         results = self._launch(fn, model, datamodule, {stage: dataloaders}, ckpt_path) or []
@@ -207,7 +214,8 @@ class Trainer(TrainerProperties):
     def _launch(self, fn: TrainerFn, model: Any, datamodule: Any, loaders: dict[str, Any],
                 ckpt_path: str | Path | None) -> Any:
         """Run on every rank through the strategy's launcher; adopt rank 0's outcome if it ran elsewhere."""
-        model = self._unwrap_compiled(model)
+        if model is not None:  # torch.compile(module): train `module`, its forward compiled by the strategy with
+            model, self.fit_state.compiler = unwrap_compiled(model)  # the user's arguments (strategies/compiled.py)
         out = self.strategy.launch(self._run_rank, fn, model, datamodule, loaders, ckpt_path)
         return out.adopt_into(self.fit_state, model) if out is not None else None
 
@@ -225,7 +233,7 @@ class Trainer(TrainerProperties):
             self.strategy.setup_environment()
             loop.control.start(self.strategy)
             loop.train_results.defer_sync = self.world_size > 1
-            self._agree_logger_versions()
+            agree_logger_versions(self.strategy, self.loggers)
             if self.profiler.enabled:
                 self.profiler.setup(stage, self.local_rank if self.world_size > 1 else None, self._profile_dir())
             enable_determinism(loop.spec.deterministic)
@@ -278,21 +286,6 @@ class Trainer(TrainerProperties):
         if kind:
             self.strategy.end_hung_peers()
         return clearer
-
-    def _agree_logger_versions(self) -> None:
-        """Rank 0 picks each logger's run (version_N, a run id); the others take it, so every rank names the same."""
-        for logger in self.loggers:
-            identity = self.strategy.broadcast(logger.identity() if self.is_global_zero else None)
-            if not self.is_global_zero:
-                logger.adopt_identity(identity)
-
-    def _unwrap_compiled(self, model: Any) -> Any:
-        """`torch.compile(module)` trains `module`, its forward compiled by the strategy with the user's compile
-        arguments (strategies/compiled.py); a run without a model keeps the previous one's compilation."""
-        if model is None:
-            return None
-        model, self.fit_state.compiler = unwrap_compiled(model)
-        return model
 
     def _attach(self, fn: TrainerFn, model: Any, datamodule: Any) -> Any:
         from trainer.module import TrainModule
@@ -402,10 +395,3 @@ class Trainer(TrainerProperties):
             self._signals.restore()
             self.strategy.teardown()
             self.state.stage = None
-
-
-def _looks_like_datamodule(obj: Any) -> bool:
-    from trainer.datamodule import DataModule
-
-    return isinstance(obj, DataModule)
-

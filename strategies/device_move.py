@@ -1,0 +1,40 @@
+"""Moving a (nested) batch to a device: the default of `Strategy.batch_to_device` and of the module's
+`transfer_batch_to_device`, also used to bring predictions back to the host."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+
+def move_to_device(batch: Any, device: torch.device) -> Any:
+    """Recursively move tensors in (nested) lists, tuples, namedtuples and dicts to `device`.
+
+    Containers whose tensors are already there come back as the same object (no per-step rebuild).
+    """
+    if isinstance(batch, Tensor):
+        if batch.is_cpu if device.type == "cpu" else batch.device == device:
+            return batch
+        return batch.to(device, non_blocking=device.type == "cuda")
+    if isinstance(batch, (list, tuple)):
+        moved, changed = [], False
+        for item in batch:
+            new = move_to_device(item, device)
+            changed = changed or new is not item
+            moved.append(new)
+        if not changed:
+            return batch
+        if hasattr(batch, "_fields"):  # namedtuple
+            return type(batch)(*moved)
+        return type(batch)(moved) if isinstance(batch, list) else tuple(moved)
+    if isinstance(batch, Mapping):
+        return type(batch)({k: move_to_device(v, device) for k, v in batch.items()}) if isinstance(
+            batch, dict
+        ) else {k: move_to_device(v, device) for k, v in batch.items()}
+    to = getattr(batch, "to", None)
+    if callable(to) and not isinstance(batch, nn.Module):
+        return to(device)
+    return batch
