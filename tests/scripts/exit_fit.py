@@ -1,7 +1,8 @@
 """One tiny 2-rank fit with the Trainer's defaults (TensorBoard logger, checkpointing), then code after fit.
 
 Run by tests/scripts/exit_stress.py, which counts how runs end. `--raw` runs the same training as a
-hand-written DDP script that leaves its process group to interpreter shutdown (the baseline):
+hand-written DDP script that leaves its process group to interpreter shutdown, with its last collective at exit
+(the baseline):
 
     python tests/scripts/exit_fit.py --strategy ddp --out OUT
     torchrun --standalone --nproc_per_node 2 tests/scripts/exit_fit.py --out OUT [--raw]
@@ -14,6 +15,7 @@ its training and the launching process prints `AFTER_FIT` once `fit()` returned.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import sys
 from pathlib import Path
@@ -68,9 +70,19 @@ def _raw_rank(local_rank: int, port: int | None) -> None:
         nn.functional.mse_loss(model(x), y).backward()
         opt.step()
         opt.zero_grad()
-    objects: list = [None, None]
-    dist.all_gather_object(objects, {"rank": dist.get_rank()})  # as a checkpoint gathers per-rank state
     print(f"RANK_DONE {dist.get_rank()}", flush=True)
+    # The last collective (as a checkpoint gathers per-rank state) runs at interpreter exit: atexit handlers run
+    # right before finalization starts, so the path from its end to finalization is as short as it can be, and the
+    # amplifier's window (tests/scripts/slow_gloo_worker.c) covers it however loaded the machine is. Placed in the
+    # main flow instead, the exit path of mp.spawn's child took longer than the window on a loaded CI machine once.
+    atexit.register(_gather_rank_state)
+
+
+def _gather_rank_state() -> None:
+    import torch.distributed as dist
+
+    objects: list = [None, None]
+    dist.all_gather_object(objects, {"rank": dist.get_rank()})
 
 
 def main() -> None:
