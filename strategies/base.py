@@ -300,6 +300,11 @@ class Strategy(ABC):
         of trainer/control.py: it must not wait on the GPU stream). Identity with one process."""
         return distributed.all_reduce_max_ints(values)
 
+    def start_agree(self, values: list[int]) -> distributed.PendingMax:
+        """`agree` started without waiting: `.wait()` on the result gives the agreed flags (trainer/control.py
+        overlaps it with the forward and backward). Already done with one process."""
+        return distributed.start_all_reduce_max_ints(values)
+
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """Agree on a decision: all=True means every rank must say yes; all=False means any rank may."""
         if self.world_size == 1:

@@ -94,6 +94,34 @@ def all_reduce_max_ints(values: list[int], group: Any = None) -> list[int]:
     return tensor.tolist()
 
 
+class PendingMax:
+    """An element-wise MAX of small integers in flight (`start_all_reduce_max_ints`); `wait()` gives the result."""
+
+    __slots__ = ("_tensor", "_work")
+
+    def __init__(self, tensor: torch.Tensor, work: Any) -> None:
+        self._tensor, self._work = tensor, work
+
+    def done(self) -> bool:
+        """Whether the round completed (without waiting); a round whose peer left never does."""
+        return self._work is None or bool(self._work.is_completed())
+
+    def wait(self) -> list[int]:
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+        return self._tensor.tolist()
+
+
+def start_all_reduce_max_ints(values: list[int], group: Any = None) -> PendingMax:
+    """Start `all_reduce_max_ints` without waiting for it, so that its latency hides behind other work. Every rank
+    must start the same rounds in the same order, as with any collective."""
+    tensor = torch.tensor(values, dtype=torch.int64)
+    if not is_distributed():
+        return PendingMax(tensor, None)
+    return PendingMax(tensor, dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group, async_op=True))
+
+
 def all_gather(tensor: torch.Tensor) -> torch.Tensor:
     """Stack `tensor` from every rank along a new dim 0. Without a process group: `tensor[None]`."""
     if not is_distributed():

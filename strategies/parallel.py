@@ -191,6 +191,9 @@ class ParallelStrategy(Strategy):
     def agree(self, values: list[int]) -> list[int]:
         return distributed.all_reduce_max_ints(values, self._control_group)
 
+    def start_agree(self, values: list[int]) -> distributed.PendingMax:
+        return distributed.start_all_reduce_max_ints(values, self._control_group)
+
     def bound_collectives(self, step_seconds: float | None) -> bool:
         """Training batches take `step_seconds` each: collectives may wait per the hang rule (None: outside training,
         torch's default). False, and nothing done, with a fixed `timeout`."""

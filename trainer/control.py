@@ -6,8 +6,18 @@ until the process group times out 10-30 minutes later. Here each rank contribute
 reduced result. Flags are encoded as `rank + 1` (0 = not set) and reduced with MAX, so the result also
 names a rank that set each one; a key-set hash travels as (h, -h) so MAX yields both max and -min.
 
-The agreement runs after `training_step` and before backward (skip and NaN must be settled before any
-rank starts the gradient all-reduce). With one process it is a few attribute reads, no tensor op.
+The agreement of a step carries the stop signal, end of data (this rank's last batch, or none at all), max_time, a
+time-based validation, a non-finite loss (terminate_on_nan) and the names of the sync_dist metrics that
+`training_step` logged. In automatic optimization it is started right after `training_step` without waiting, and
+waited for after backward, before the optimizer step and before those metrics are reduced: its latency hides behind
+the backward, whose gradient all-reduce brings the ranks together anyway. A rank whose data ran out meets that
+round without a batch and raises; the others then lose it in the gradient all-reduce, find its reason in the
+completed round (`explain_lost_peer`) and raise the same error.
+
+One synchronous round after the step instead where backward must wait for it: a `training_step` whose code can
+return None (trainer/step_returns.py), since whether any rank skips must be known before anyone starts backward;
+and manual optimization, whose step runs its own backward. With one process it is a few attribute reads, no
+tensor op.
 """
 
 from __future__ import annotations
@@ -21,11 +31,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from strategies.exceptions import DistributedDesyncError, TrainerError
+from strategies.exceptions import DistributedDesyncError, MisconfigurationError, TrainerError
 from trainer.step_clock import StepClock
 
 if TYPE_CHECKING:
     from strategies.base import Strategy
+    from strategies.distributed import PendingMax
     from trainer.fit_state import FitState
     from trainer.preemption import StopSignals
     from trainer.results import ResultCollection
@@ -62,12 +73,15 @@ class ControlPlane:
         self._rank, self._world = 0, 1
         self._depth = 0  # nesting of outside_steps()
         self.clock = StepClock()  # times training batches at the agreements: the hang bound follows the run
+        self.step_may_skip = True  # training_step can return None: one synchronous round (set per run)
+        self._pending: tuple[PendingMax, list[str], Tensor | None] | None = None  # overlapped round, keys, loss
 
     def start(self, strategy: Strategy) -> None:
         self._strategy = strategy
         self._rank, self._world = strategy.global_rank, strategy.world_size
         self.stop_signal = 0
         self._depth = 0
+        self._pending = None
         self.clock.start(strategy)
 
     @contextmanager
@@ -104,50 +118,107 @@ class ControlPlane:
         return self._strategy.agree([self.signals.received])[0]
 
     # --- once per step ------------------------------------------------------------------------------
+    def _due(self, loop: FitState, is_last: bool) -> bool:
+        return not loop.progress.total_batches % self.every_n_steps or is_last
+
     def after_training_step(self, loop: FitState, loss: Tensor | None, is_last: bool, can_skip: bool) -> bool:
         """Settle this step on every rank; returns True when every rank skips backward and the optimizer.
 
-        Raises NonFiniteLossError or DistributedDesyncError on every rank at once.
+        Raises NonFiniteLossError or DistributedDesyncError on every rank at once: here after a synchronous round,
+        from `after_backward` after an overlapped one (automatic optimization, a step that cannot return None).
         """
         if self._world == 1:
             if self.check_finite and loss is not None and not bool(torch.isfinite(loss.detach())):
                 raise self._nonfinite(loop, self._rank, loss)
             self.stop_signal = self.signals.received
             return loss is None
-        if loop.progress.total_batches % self.every_n_steps and not is_last:
+        if not self._due(loop, is_last):
             loop.results.flush_sync()  # not due: ranks act on local knowledge (see docs/reliability.md)
             return loss is None
+        if can_skip and not self.step_may_skip:
+            self._start_overlapped(loop, loss, is_last)
+            return False
         return self._agree_step(loop, loss, is_last, can_skip)
 
-    def _agree_step(self, loop: FitState, loss: Tensor | None, is_last: bool, can_skip: bool) -> bool:
+    def after_backward(self, loop: FitState) -> None:
+        """Before the optimizer step: wait for the step's overlapped round (done by now: the gradient all-reduce
+        brought the ranks together), act on it on every rank, then reduce the step's sync_dist metrics."""
+        if self._pending is None:
+            return
+        pending, keys, loss = self._pending
+        self._pending = None
+        agreed = pending.wait()
+        if agreed[_SKIP]:  # a None the step's code does not show, on a rank whose backward had no collective
+            raise self._unannounced_skip(loop, agreed[_SKIP] - 1)
+        self._settle(loop, agreed, keys, loss)
+
+    def explain_lost_peer(self, loop: FitState) -> BaseException | None:
+        """After a collective failed because a peer left or stopped answering: the reason that peer gave in this
+        step's round, when the round completed (it ran out of data, or returned None it had not announced), so that
+        every rank reports the cause instead of the lost contact. No collective."""
+        if self._pending is None or not self._pending[0].done():
+            return None
+        agreed = self._pending[0].wait()
+        self._pending = None
+        try:
+            self._check_data_left(loop, agreed)
+            if agreed[_SKIP]:
+                return self._unannounced_skip(loop, agreed[_SKIP] - 1)
+        except DistributedDesyncError as err:
+            return err
+        return None
+
+    def _known_flags(self, loop: FitState, flags: list[int], is_last: bool) -> None:
         me = self._rank + 1
-        flags = [0] * _SIZE
         flags[_STOP] = self.signals.received
-        if can_skip and loss is None:
-            flags[_SKIP] = me
-        if self.check_finite and loss is not None and not bool(torch.isfinite(loss.detach())):
-            flags[_NONFINITE] = me
         flags[_LAST if is_last else _MORE] = me
-        results = loop.results
-        pending = results.pending_sync_keys()
-        flags[_KEYS] = h = keys_hash(pending)
-        flags[_NEG_KEYS] = -h
         schedule = loop.schedule
         if schedule.time_up_here():
             flags[_TIME_UP] = me
         if schedule.val_time_due_here():
             flags[_VAL_TIME] = me
-        agreed = self._strategy.agree(flags)
+
+    def _known_after_step(self, loop: FitState, flags: list[int], loss: Tensor | None) -> list[str]:
+        if self.check_finite and loss is not None and not bool(torch.isfinite(loss.detach())):
+            flags[_NONFINITE] = self._rank + 1
+        pending = loop.results.pending_sync_keys()
+        flags[_KEYS] = h = keys_hash(pending)
+        flags[_NEG_KEYS] = -h
+        return pending
+
+    def _start_overlapped(self, loop: FitState, loss: Tensor | None, is_last: bool) -> None:
+        flags = [0] * _SIZE
+        self._known_flags(loop, flags, is_last)
+        if loss is None:  # the step's code has no path to None: the others are on their way to backward
+            flags[_SKIP] = self._rank + 1
+        keys = self._known_after_step(loop, flags, loss)
+        self._pending = (self._strategy.start_agree(flags), keys, loss)
+        if loss is None:
+            raise self._unannounced_skip(loop, self._rank)
+
+    def _settle(self, loop: FitState, agreed: list[int], keys: list[str], loss: Tensor | None) -> None:
+        """Act on an agreed round, in the same order on every rank; raises what every rank must raise."""
+        schedule = loop.schedule
         schedule.time_up_agreed = schedule.time_up_agreed or bool(agreed[_TIME_UP])  # max_time: on every rank at once
         schedule.val_time_agreed = bool(agreed[_VAL_TIME])  # a time val_check_interval: validate on every rank
         self.clock.agreed(loop.progress.total_batches)
         self._check_data_left(loop, agreed)  # first: a rank without a batch logged nothing, names would differ
         if agreed[_KEYS] != -agreed[_NEG_KEYS]:
-            self._raise_key_mismatch(pending, "training_step")
+            self._raise_key_mismatch(keys, "training_step")
         if agreed[_NONFINITE]:
             raise self._nonfinite(loop, agreed[_NONFINITE] - 1, loss)
-        results.flush_sync()
+        loop.results.flush_sync()
         self.stop_signal = agreed[_STOP]
+
+    def _agree_step(self, loop: FitState, loss: Tensor | None, is_last: bool, can_skip: bool) -> bool:
+        """One synchronous round after the step (a step that can return None; manual optimization)."""
+        flags = [0] * _SIZE
+        self._known_flags(loop, flags, is_last)
+        if can_skip and loss is None:
+            flags[_SKIP] = self._rank + 1
+        keys = self._known_after_step(loop, flags, loss)
+        agreed = self._strategy.agree(flags)
+        self._settle(loop, agreed, keys, loss)
         return bool(agreed[_SKIP])
 
     def ran_dry(self, loop: FitState) -> None:
@@ -179,6 +250,16 @@ class ControlPlane:
                 f"rank {agreed[_LAST] - 1} ran out of training data at batch {batch} of epoch {epoch}, but rank "
                 f"{agreed[_MORE] - 1} has more batches. {_EQUAL_COUNTS}"
             )
+
+    def _unannounced_skip(self, loop: FitState, rank: int) -> MisconfigurationError:
+        return MisconfigurationError(
+            f"training_step returned None on rank {rank} at global step {loop.progress.global_step} (epoch "
+            f"{loop.progress.current_epoch}, batch {loop.progress.epoch_batches}), but its code has no path that "
+            "returns None, so the other ranks went on to backward without waiting for this rank (a step that can "
+            "skip pays a synchronous agreement every step; one that cannot does not). Make the skip visible in "
+            "training_step itself: `return None` (or a bare `return`) there, or in a method of your module that it "
+            "returns the result of. See docs/reliability.md."
+        )
 
     def _nonfinite(self, loop: FitState, rank: int, loss: Tensor | None) -> NonFiniteLossError:
         what = f"{loss.item()}" if loss is not None and rank == self._rank else "not finite"

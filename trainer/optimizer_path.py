@@ -78,10 +78,11 @@ class TrainingClosure:
     def __call__(self) -> Tensor | None:
         loop = self.loop
         self.calls += 1
+        control = loop.control
         self.output = out = loop.run_step("training_step", self.batch, self.batch_idx)
         self.loss = loss = loss_from(out)
-        # Every rank learns here whether any rank skips, hit a NaN, ran out of data or got a stop signal.
-        skip = loop.control.after_training_step(loop, loss, self.is_last, True)
+        # Every rank learns whether any rank skips (here), ran out of data or got a stop signal (trainer/control.py).
+        skip = control.after_training_step(loop, loss, self.is_last, True)
         if self.zero_grad:
             zero_grad(loop, self.batch_idx)
         if skip or loss is None:
@@ -94,6 +95,7 @@ class TrainingClosure:
             loop.strategy.backward(loss / accumulate if accumulate > 1 else loss)
         finally:
             results.current_fx = previous
+        control.after_backward(loop)  # a NaN loss or differing metric names on any rank: every rank raises here
         loop.window_has_loss = True
         loop.position.set(Phase.STEP_PENDING if self.is_last_micro else Phase.BACKWARD_DONE)
         call_hook(loop, "on_after_backward")

@@ -12,6 +12,7 @@ from strategies.distributed import rank_zero_info
 from strategies.exceptions import ConfigError, MisconfigurationError
 from trainer.hooks import is_overridden
 from trainer.state import TrainerFn
+from trainer.step_returns import training_step_may_skip
 from trainer.step_signature import check_dataloader_idx, steps_without_batch_idx
 from trainer.uncalled_hooks import refuse_uncalled_hooks
 
@@ -97,9 +98,11 @@ def sync_batchnorm(trainer: Trainer, module: Any) -> None:
 
 
 def read_signatures(loop: FitState, module: Any, fn: TrainerFn) -> None:
-    """Once per run, after the loaders are known: which steps take `batch_idx`, whether the evaluation steps and
-    batch hooks take `dataloader_idx` when there are several loaders, and the batch-transfer hooks."""
+    """Once per run, after the loaders are known: which steps take `batch_idx`, whether training_step can return
+    None (the agreement's shape, trainer/control.py), whether the evaluation steps and batch hooks take
+    `dataloader_idx` when there are several loaders, and the batch-transfer hooks."""
     loop.no_batch_idx = steps_without_batch_idx(module)
+    loop.control.step_may_skip = training_step_may_skip(module)
     loop.transfer.resolve(module, loop.trainer.datamodule)
     stage = _EVAL_HOOKS.get(fn, "validation")
     loaders = {"validation": loop.loaders.val, "test": loop.loaders.test, "predict": loop.loaders.predict}[stage]

@@ -280,8 +280,9 @@ class Trainer(TrainerProperties):
         if self.world_size == 1:
             return None
         kind = failure.classify(exc)
-        finding = self.strategy.diagnose_peer_failure(kind == "timeout") if kind else None
-        clearer = failure.peer_failure(exc, self.global_rank, finding, self.strategy.describe_timeout())
+        explained = self.fit_state.control.explain_lost_peer(self.fit_state) if kind else None
+        finding = self.strategy.diagnose_peer_failure(kind == "timeout") if kind and explained is None else None
+        clearer = explained or failure.peer_failure(exc, self.global_rank, finding, self.strategy.describe_timeout())
         failure.report(clearer if clearer is not None else exc, self.global_rank)
         if kind:
             self.strategy.end_hung_peers()

@@ -73,7 +73,10 @@ def test_fi4_hung_rank_ends_at_the_process_group_timeout(tmp_path: Path):
     out = tmp_path / "out"
     res = run(out, "--fault", "hang@1:2", "--pg-timeout", "10", timeout=70)
     assert res.returncode != 0
-    assert "timed out in the step agreement" in res.output, res.output[-6000:]
+    # rank 1 hangs inside training_step, after it started the step's first agreement round: rank 0 gets through
+    # that round and times out in the gradient all-reduce, where it names the hung rank
+    assert "rank 0 timed out in backward (the gradient all-reduce)" in res.output, res.output[-6000:]
+    assert "rank 1 (pid" in res.output and "did not answer" in res.output, res.output[-6000:]
     assert seconds_after_fault(out, res) < 10 + BOUND_S, res.output[-4000:]
 
 
@@ -110,6 +113,21 @@ def test_fi6_none_on_one_rank_skips_on_every_rank(tmp_path: Path):
     records = [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(2)]
     assert [r["global_step"] for r in records] == [STEPS - 1] * 2, "the skipped step was not skipped everywhere"
     assert_equal_weights(records[1]["state_dict"], records[0]["state_dict"])
+
+
+@pytest.mark.timeout(120)
+def test_fi6_none_the_step_code_does_not_show_fails_on_that_rank_and_ends_every_rank(tmp_path: Path):
+    """The step's code has no path to None, so the ranks agree on it overlapped with backward: a None that comes
+    anyway (from a function outside the module) is refused on its rank with the rule; the others lose that rank in
+    the gradient all-reduce, read its reason from the step's round and raise the same error, within the bound."""
+    out = tmp_path / "out"
+    res = run(out, "--fault", "return_none_hidden@1:2", timeout=60)
+    assert res.returncode != 0
+    assert_root_cause_first(res.output, "MisconfigurationError: training_step returned None on rank 1 at global step 2")
+    assert "`return None`" in res.output
+    assert "[rank 0] strategies.exceptions.MisconfigurationError: training_step returned None on rank 1" in res.output, \
+        "rank 0 did not find rank 1's reason in the step's round:\n" + res.output[-6000:]
+    assert seconds_after_fault(out, res) < BOUND_S, res.output[-4000:]
 
 
 @pytest.mark.timeout(120)

@@ -6,8 +6,9 @@
 `--fault MODE@RANK:STEP` fires on that global rank at that global step (RANK may be `all`); give `--fault` several
 times for several faults. Modes: raise, sigkill, sigterm, sigusr1, sigstop, hang, exit0 (sys.exit(0)), os_exit0,
 ctrl_c (SIGINT to the launching process group, as a terminal's Ctrl-C), sigkill_parent (SIGKILL to this rank's
-parent: the ddp_spawn launcher), nan_loss, return_none, sync_dist_one_rank, log_dict_keys, extra_collective
-(all in training_step), save_hook_raise (in on_save_checkpoint), save_enospc (fsync fails while saving),
+parent: the ddp_spawn launcher), nan_loss, return_none (a training_step whose code returns None), return_none_hidden
+(None through a function outside the module), sync_dist_one_rank, log_dict_keys, extra_collective (all in
+training_step), save_hook_raise (in on_save_checkpoint), save_enospc (fsync fails while saving),
 sigkill_in_sharded_save (after this rank's DCP shard is written, before the manifest; with --sharded, and in
 the background writer with --async-save), sigkill_before_shard_write (in DCP's save, before this rank writes), and
 raise_once (raise unless OUT/fired exists; creates it: a one-time fault for torchrun --max-restarts).
@@ -76,6 +77,14 @@ class Fault:
             f.write(repr(time.time()))
 
 
+def _hidden_none(fault: Fault, trainer: Any, loss: torch.Tensor) -> torch.Tensor | None:
+    """`return_none_hidden`: None from a function outside the module, which the step's reading does not follow."""
+    if fault.here(trainer, "return_none_hidden"):
+        fault.fired()
+        return None
+    return loss
+
+
 class FaultyModel(BoringModel):
     """BoringModel whose training_step misbehaves as told, and records its losses."""
 
@@ -89,7 +98,7 @@ class FaultyModel(BoringModel):
         self._process_fault()
         if self.step_sleep:
             time.sleep(self.step_sleep)  # a slower step, for the hang bound that follows the step time
-        loss = self._step_fault(self.layer(batch).sum())
+        loss = _hidden_none(self.fault, self.trainer, self._step_fault(self.layer(batch).sum()))
         if loss is not None:
             self.losses.append(float(loss.detach()))
         return loss
@@ -122,15 +131,12 @@ class FaultyModel(BoringModel):
             f.fired()
             os.kill(os.getppid(), signal.SIGKILL)
 
-    def _step_fault(self, loss: torch.Tensor) -> torch.Tensor | None:
+    def _step_fault(self, loss: torch.Tensor) -> torch.Tensor:
         """Faults in what the step gives back or does collectively: NaN, None, logging or a collective on one rank."""
         f, t = self.fault, self.trainer
         if f.here(t, "nan_loss"):
             f.fired()
             loss = loss * float("nan")
-        if f.here(t, "return_none"):
-            f.fired()
-            return None
         if f.here(t, "sync_dist_one_rank"):
             f.fired()
             self.log("x", loss, sync_dist=True)
@@ -141,6 +147,17 @@ class FaultyModel(BoringModel):
             f.fired()
             torch.distributed.all_reduce(torch.ones(3))
         return loss
+
+
+class SkippingModel(FaultyModel):
+    """FaultyModel whose training_step can return None (`return_none`): its code says so, so every step gets the
+    synchronous agreement (trainer/step_returns.py); FaultyModel's steps get the overlapped one."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        if self.fault.here(self.trainer, "return_none"):
+            self.fault.fired()
+            return None
+        return super().training_step(batch, batch_idx)
 
 
 class SaveFaults(Callback):
@@ -281,7 +298,8 @@ def main() -> None:
         callbacks=callbacks, default_root_dir=out, terminate_on_nan=args.terminate_on_nan,
         checkpoint_on_interrupt=args.checkpoint_on_interrupt,
     )
-    trainer.fit(FaultyModel(fault, args.step_sleep), ckpt_path="last" if args.resume else None)
+    model_class = SkippingModel if any(mode == "return_none" for mode, *_ in fault.faults) else FaultyModel
+    trainer.fit(model_class(fault, args.step_sleep), ckpt_path="last" if args.resume else None)
     print(f"AFTER_FIT {trainer.global_rank}", flush=True)
 
 
