@@ -2,10 +2,11 @@
 
 CI runs STRESS_N rounds (default 1) of each launch mode, two launches at a time, and one amplified round:
 tests/scripts/slow_gloo_worker.c makes gloo worker threads release finished work 200 ms late, so the exit race
-behind "terminate called without an active exception" happens every time. A raw torch script (the control, run
-alone so that no other launch stretches its exit past the window) then aborts; our three launches, run at once
-(they spend most of their time asleep in the amplifier), must not. `STRESS_N=100 python tests/scripts/exit_stress.py` is the full mode (the command and
-the measured counts are in docs/reliability.md).
+behind "terminate called without an active exception" happens every time. A raw torch script (the control,
+run alone so that no other launch stretches its exit past the window) then aborts; our three launches, run at
+once (they spend most of their time asleep in the amplifier), must not.
+`STRESS_N=100 python tests/scripts/exit_stress.py` is the full mode (the command and the measured counts are in
+docs/reliability.md).
 """
 
 from __future__ import annotations

@@ -125,8 +125,8 @@ def test_fi6_none_the_step_code_does_not_show_fails_on_that_rank_and_ends_every_
     assert res.returncode != 0
     assert_root_cause_first(res.output, "MisconfigurationError: training_step returned None on rank 1 at global step 2")
     assert "`return None`" in res.output
-    assert "[rank 0] strategies.exceptions.MisconfigurationError: training_step returned None on rank 1" in res.output, \
-        "rank 0 did not find rank 1's reason in the step's round:\n" + res.output[-6000:]
+    explained = "[rank 0] strategies.exceptions.MisconfigurationError: training_step returned None on rank 1"
+    assert explained in res.output, "rank 0 did not find rank 1's reason in the step's round:\n" + res.output[-6000:]
     assert seconds_after_fault(out, res) < BOUND_S, res.output[-4000:]
 
 
