@@ -47,6 +47,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               full_args=("--rounds", "5"), quick_args=("--quick", "--rounds", "1")),
     Benchmark("first_step", "first_step.py", "Time to first step", "",
               full_args=("--rounds", "3"), quick_args=("--quick", "--no-bare")),
+    Benchmark("launch", "launch.py", "Launch to first step, 2 ranks",
+              "ours ≤ the raw `mp.spawn` DDP script + 1.0 s", full_args=("--rounds", "5")),
     Benchmark("overhead", "overhead.py", "Per-step overhead against a raw PyTorch loop",
               "≤ 1.03x raw without logging, ≤ 1.10x with `self.log` every step, ≤ 1.15x with log + progress bar",
               quick_args=("--quick", "--rounds", "1", "--samples", "3200")),
