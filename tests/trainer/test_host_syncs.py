@@ -1,7 +1,8 @@
 """The steady-state training step never waits for the device unless a feature asks for it: on CPU, as a proxy that
 runs in CI, no `Tensor.item()` or `Tensor.__bool__` call happens in a step (each is a host sync on CUDA), with or
 without `self.log` every step and a logger flushing every `log_every_n_steps`; `terminate_on_nan=True` asks for
-exactly one check per step."""
+exactly one check per step. With CUDA, `torch.cuda.set_sync_debug_mode("error")` around every steady batch checks
+the real thing (skipped without a GPU)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from callbacks import Callback
 from tests.helpers.boring import QUIET
+from tests.helpers.runif import run_if
 from trainer import Trainer, TrainModule
 from trainer.loggers import CSVLogger
 
@@ -76,3 +79,28 @@ def test_host_syncs_per_steady_step(tmp_path: Path, log: bool, flags: dict[str, 
             Counted(log, counts), data)
     syncs = counts["item"] + counts["__bool__"]
     assert syncs == per_step * (STEPS - STEADY_FROM), dict(counts)
+
+
+class _SyncsAreErrors(Callback):
+    """From the steady state's first batch on, a host sync inside a training batch raises (CUDA's own check)."""
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if batch_idx >= STEADY_FROM:
+            torch.cuda.set_sync_debug_mode("error")
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@run_if(min_cuda_gpus=1)
+@pytest.mark.parametrize("log", [False, True], ids=["plain", "self.log every step"])
+def test_no_host_sync_in_a_steady_cuda_step(tmp_path: Path, log: bool) -> None:
+    data = DataLoader(TensorDataset(torch.randn(8 * STEPS, 8), torch.randn(8 * STEPS, 1)), batch_size=8)
+    logger = CSVLogger(str(tmp_path)) if log else False
+    trainer = Trainer(**{**QUIET, "logger": logger}, accelerator="cuda", devices=1, max_epochs=1,
+                      log_every_n_steps=100, callbacks=[_SyncsAreErrors()])
+    try:
+        trainer.fit(Counted(log, collections.Counter()), data)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert trainer.global_step == STEPS
