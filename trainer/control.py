@@ -156,10 +156,13 @@ class ControlPlane:
         """After a collective failed because a peer left or stopped answering: the reason that peer gave in this
         step's round, when the round completed (it ran out of data, or returned None it had not announced), so that
         every rank reports the cause instead of the lost contact. No collective."""
-        if self._pending is None or not self._pending[0].done():
+        pending, self._pending = self._pending, None
+        if pending is None or not pending[0].done():
             return None
-        agreed = self._pending[0].wait()
-        self._pending = None
+        try:
+            agreed = pending[0].wait()
+        except (RuntimeError, ValueError):  # the round itself failed with the peer: it left no reason
+            return None
         try:
             self._check_data_left(loop, agreed)
             if agreed[_SKIP]:
