@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from trainer.module import TrainModule
     from trainer.trainer import Trainer
 
-_FIELD = re.compile(r"\{([A-Za-z_][\w/.-]*)(:[^}]*)?\}")
+_FIELD = r"\{([A-Za-z_][\w/.-]*)(:[^}]*)?\}"  # compiled (and cached by `re`) at the first name formatted
 
 
 class ModelCheckpoint(Callback):
@@ -183,7 +183,7 @@ class ModelCheckpoint(Callback):
             return f"{key}={text}" if self.auto_insert_metric_name and not name else text
 
         assert self.dirpath is not None
-        return join(self.dirpath, _FIELD.sub(fill, template).replace("/", "_") + self.CHECKPOINT_EXT)
+        return join(self.dirpath, re.sub(_FIELD, fill, template).replace("/", "_") + self.CHECKPOINT_EXT)
 
     # --- when ----------------------------------------------------------------------------------
     def _saves_on_train_epoch_end(self, trainer: Trainer) -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,16 +26,23 @@ _UNITS = (" ", "K", "M", "B", "T")
 _UNKNOWN = "?"
 
 
-@dataclass
 class SummaryData:
-    """What a summary shows: the table as `(header, cells)` columns, and the totals under it."""
+    """What a summary shows: the table as `(header, cells)` columns, and the totals under it.
 
-    columns: list[tuple[str, list[str]]]
-    total_parameters: int
-    trainable_parameters: int
-    model_size: float  # MB, from each parameter's dtype
-    total_training_modes: dict[str, int]
-    total_flops: int
+    A plain class, not a dataclass: building a dataclass at import costs about 0.4 ms, paid by every fit with the
+    default summary before its first step (docs/benchmarks.md, time to first step)."""
+
+    __slots__ = ("columns", "total_parameters", "trainable_parameters", "model_size", "total_training_modes",
+                 "total_flops")
+
+    def __init__(self, columns: list[tuple[str, list[str]]], total_parameters: int, trainable_parameters: int,
+                 model_size: float, total_training_modes: dict[str, int], total_flops: int) -> None:
+        self.columns = columns
+        self.total_parameters = total_parameters
+        self.trainable_parameters = trainable_parameters
+        self.model_size = model_size  # MB, from each parameter's dtype
+        self.total_training_modes = total_training_modes
+        self.total_flops = total_flops
 
 
 def human_count(number: float) -> str:
@@ -49,10 +55,23 @@ def human_count(number: float) -> str:
     return f"{scaled:,.1f} {_UNITS[groups - 1]}"
 
 
-def _numel(module: nn.Module, trainable_only: bool = False) -> int:
+def _numel(module: nn.Module) -> int:
     """Parameters of `module`; a lazy module's uninitialized parameters count 0 (their size is not known yet)."""
-    return sum(0 if isinstance(p, nn.parameter.UninitializedParameter) else p.numel()
-               for p in module.parameters() if p.requires_grad or not trainable_only)
+    return sum(0 if isinstance(p, nn.parameter.UninitializedParameter) else p.numel() for p in module.parameters())
+
+
+def _totals(module: nn.Module) -> tuple[int, int, float]:
+    """All parameters, the trainable ones, and their size in MB (from each one's dtype), in one pass over them;
+    uninitialized parameters count 0, as in `_numel`."""
+    total = trainable = size = 0
+    for p in module.parameters():
+        if isinstance(p, nn.parameter.UninitializedParameter):
+            continue
+        count = p.numel()
+        total += count
+        trainable += count if p.requires_grad else 0
+        size += count * p.element_size()
+    return total, trainable, size / 1e6
 
 
 def _shape(value: Any) -> Any:
@@ -133,28 +152,27 @@ def summary_of(module: nn.Module, max_depth: int = 1, example_input: Any = None,
         per_module = counter.get_flop_counts()
         flop_counts = {n: sum(per_module.get(f"{type(module).__name__}.{n}", {}).values()) for n, _ in layers}
         total_flops = counter.get_total_flops()
+    layer_counts = [_numel(m) for _, m in layers]
     columns: list[tuple[str, list[str]]] = [
         (" ", [str(i) for i in range(len(layers))]),
         ("Name", [n for n, _ in layers]),
         ("Type", [type(m).__name__ for _, m in layers]),
-        ("Params", [human_count(_numel(m)) for _, m in layers]),
+        ("Params", [human_count(count) for count in layer_counts]),
         ("Mode", ["train" if m.training else "eval" for _, m in layers]),
         ("FLOPs", [human_count(flop_counts.get(n, 0)) for n, _ in layers]),
     ]
     if example_input is not None:
         columns.append(("In sizes", [str(sizes.get(n, (_UNKNOWN,))[0] or _UNKNOWN) for n, _ in layers]))
         columns.append(("Out sizes", [str(sizes.get(n, (_UNKNOWN, _UNKNOWN))[1] or _UNKNOWN) for n, _ in layers]))
-    total = _numel(module)
-    leftover = total - sum(_numel(m) for _, m in layers)
+    total, trainable, size = _totals(module)
+    leftover = total - sum(layer_counts)
     if leftover > 0:  # parameters of the root itself, or of layers deeper than max_depth under no row
         for (_header, cells), extra in zip(columns, (" ", "other params", "n/a", human_count(leftover), "n/a", "n/a",
                                                     "n/a", "n/a"), strict=False):
             cells.append(extra)
     modes = [m.training for m in module.modules()][1:]
-    return SummaryData(columns, total, _numel(module, trainable_only=True),
-                       sum(p.numel() * p.element_size() for p in module.parameters()
-                           if not isinstance(p, nn.parameter.UninitializedParameter)) / 1e6,
-                       {"train": modes.count(True), "eval": modes.count(False)}, total_flops)
+    return SummaryData(columns, total, trainable, size, {"train": modes.count(True), "eval": modes.count(False)},
+                       total_flops)
 
 
 def format_summary(data: SummaryData) -> str:

@@ -78,3 +78,29 @@ def test_callbacks_names_load_on_first_use():
     assert callbacks.__all__ == sorted(callbacks.__all__) and set(dir(callbacks)) >= set(callbacks.__all__)
     for name in callbacks.__all__:
         assert getattr(callbacks, name).__name__ == name
+
+
+def test_a_trainer_imports_only_the_callback_modules_it_uses(tmp_path):
+    """Time to first step: a fit without the default callbacks loads no callback module, and the defaults load
+    theirs only (no rich ones beside the plain progress bar)."""
+    result = _modules_after(
+        "import sys, json, torch\n"
+        "from trainer import Trainer, TrainModule\n"
+        "class Net(TrainModule):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(); self.layer = torch.nn.Linear(2, 1)\n"
+        "    def training_step(self, batch, batch_idx):\n"
+        "        return self.layer(batch).sum()\n"
+        "    def configure_optimizers(self):\n"
+        "        return torch.optim.SGD(self.parameters(), lr=0.1)\n"
+        "data = torch.utils.data.DataLoader(torch.randn(4, 2), batch_size=2)\n"
+        f"flags = dict(accelerator='cpu', devices=1, max_steps=1, default_root_dir={str(tmp_path)!r})\n"
+        "Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,\n"
+        "        **flags).fit(Net(), data)\n"
+        "bare = sorted(m for m in sys.modules if m.split('.')[0] == 'callbacks')\n"
+        "Trainer(logger=False, **flags).fit(Net(), data)\n"
+        "print(json.dumps({'bare': bare, 'default': sorted(m for m in sys.modules if m.startswith('callbacks'))}))"
+    )
+    assert result["bare"] == []
+    assert result["default"] == ["callbacks", "callbacks.base", "callbacks.checkpoint", "callbacks.model_summary",
+                                 "callbacks.progress", "callbacks.progress_base"]

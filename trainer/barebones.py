@@ -10,6 +10,7 @@ from typing import Any
 
 from strategies.distributed import rank_zero_info
 from strategies.exceptions import ConfigError
+from trainer.loaded_classes import instances_of
 
 
 def _truthy(value: Any) -> bool:
@@ -70,12 +71,10 @@ def apply_barebones(given: dict[str, Any]) -> dict[str, Any]:
 
 
 def _refuse_progress_bar(callbacks: Any) -> None:
-    from callbacks.progress import ProgressBar
-
     given = callbacks if isinstance(callbacks, (list, tuple)) else [callbacks]
-    for cb in given:
-        if isinstance(cb, ProgressBar):
-            raise ConfigError(
-                f"`Trainer(barebones=True)` turns the progress bar off, but {type(cb).__name__} is in callbacks; "
-                "drop it, or drop barebones=True."
-            )
+    bars = instances_of(given, "callbacks.progress", "ProgressBar")
+    if bars:
+        raise ConfigError(
+            f"`Trainer(barebones=True)` turns the progress bar off, but {type(bars[0]).__name__} is in callbacks; "
+            "drop it, or drop barebones=True."
+        )

@@ -26,6 +26,7 @@ from trainer import flag_checks as check
 from trainer.flag_checks import Check
 
 DEFAULT_MAX_EPOCHS = 1000  # Lightning's default when neither max_epochs nor max_steps is given
+_NO_ACCELERATOR = Hardware(cuda_device_count=0, mps_available=False)
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,7 @@ def parse_flags(hardware: Hardware | None = None, **given: Any) -> RunSpec:
         raise ConfigError(f"unknown Trainer flag(s): {', '.join(unknown)}; the flags are listed in docs/index.md.")
     values = {flag.name: flag.check(flag.name, _given(given, flag)) for flag in FLAGS}
     device_type, devices = _resolve_hardware(values.pop("accelerator"), values.pop("devices"), values.pop("gpus"),
-                                             hardware or Hardware.detect())
+                                             hardware)
     values["precision"] = canonical_precision(values["precision"])
     if values["max_epochs"] is None:
         no_other_limit = values["max_steps"] == -1 and values["max_time"] is None
@@ -207,8 +208,11 @@ def _given(given: dict[str, Any], flag: Flag) -> Any:
     return flag.resolved_default if value is None and flag.name in NONE_MEANS_DEFAULT else value
 
 
-def _resolve_hardware(accelerator: Any, devices: Any, gpus: Any, hardware: Hardware) -> tuple[str, list[torch.device]]:
-    """`gpus=N` is an alias of `accelerator="gpu", devices=N`; the rest is resolved against the hardware."""
+def _resolve_hardware(accelerator: Any, devices: Any, gpus: Any,
+                      hardware: Hardware | None) -> tuple[str, list[torch.device]]:
+    """`gpus=N` is an alias of `accelerator="gpu", devices=N`; the rest is resolved against the hardware, which is
+    detected (`hardware=None`) only when the answer depends on it: `accelerator="cpu"` needs no CUDA probe (one
+    that can take a while on a machine with GPUs)."""
     if gpus is not None:
         if accelerator not in ("auto", "gpu", "cuda"):
             raise ConfigError(
@@ -219,5 +223,8 @@ def _resolve_hardware(accelerator: Any, devices: Any, gpus: Any, hardware: Hardw
                 f"gpus={gpus!r} and devices={devices!r} were both given; gpus=N is an alias of devices=N."
             )
         accelerator, devices = "gpu", gpus
+    if hardware is None:
+        cpu = isinstance(accelerator, str) and accelerator.lower() == "cpu"
+        hardware = _NO_ACCELERATOR if cpu else Hardware.detect()  # CPU devices are resolved without the counts
     device_type = resolve_accelerator(accelerator, hardware)
     return device_type, resolve_devices(device_type, devices, hardware)

@@ -124,12 +124,15 @@ class HookDispatcher:
         return found
 
     def _resolve(self, name: str) -> list[Callable[..., Any]]:
-        from callbacks.base import Callback
         from trainer.module import TrainModule
 
         trainer = self._trainer
         module = trainer.lightning_module
-        callbacks = [cb for cb in trainer.callbacks if is_overridden(cb, name, Callback)]
+        callbacks: list[Any] = []
+        if trainer.callbacks:  # without any, callbacks.base need not be imported
+            from callbacks.base import Callback
+
+            callbacks = [cb for cb in trainer.callbacks if is_overridden(cb, name, Callback)]
         calls: list[Callable[..., Any]] = []
         if name in _MONITOR_AFTER_MODULE:
             first = [cb for cb in callbacks if not getattr(cb, "is_monitoring_callback", False)]

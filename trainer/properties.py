@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from strategies.exceptions import MisconfigurationError
+from trainer.loaded_classes import instances_of
 from trainer.state import RunningStage
 
 if TYPE_CHECKING:
@@ -150,9 +151,7 @@ class TrainerProperties:
     @property
     def checkpoint_callbacks(self) -> list[Any]:
         """Every ModelCheckpoint among the callbacks."""
-        from callbacks.checkpoint import ModelCheckpoint
-
-        return [cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)]
+        return instances_of(self.callbacks, "callbacks.checkpoint", "ModelCheckpoint")
 
     @property
     def checkpoint_callback(self) -> Any:
@@ -163,9 +162,7 @@ class TrainerProperties:
     @property
     def early_stopping_callback(self) -> Any:
         """The first EarlyStopping callback, or None."""
-        from callbacks.early_stopping import EarlyStopping
-
-        found = [cb for cb in self.callbacks if isinstance(cb, EarlyStopping)]
+        found = instances_of(self.callbacks, "callbacks.early_stopping", "EarlyStopping")
         return found[0] if found else None
 
     @property
@@ -185,9 +182,7 @@ class TrainerProperties:
     @property
     def progress_bar_callback(self) -> Any:
         """The progress bar callback (ProgressBar, RichProgressBar or another ProgressBarBase), or None."""
-        from callbacks.progress_base import ProgressBarBase
-
-        found = [cb for cb in self.callbacks if isinstance(cb, ProgressBarBase)]
+        found = instances_of(self.callbacks, "callbacks.progress_base", "ProgressBarBase")
         return found[0] if found else None
 
     @property

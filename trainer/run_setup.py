@@ -16,6 +16,7 @@ from strategies.filesystem import AnyPath, join, parent, to_path
 from trainer import data, overfit
 from trainer.combined_loader import MODES, CombinedLoader, TrainingBatches
 from trainer.flags import RunSpec
+from trainer.loaded_classes import instances_of
 from trainer.loggers.base import run_folder
 from trainer.sampling import prepare_loader, record_indices
 from trainer.seed import seed_workers_of
@@ -44,46 +45,49 @@ def build_loggers(logger: Any, spec: RunSpec) -> list[Any]:
     return loggers
 
 
-def build_callbacks(callbacks: Any, spec: RunSpec) -> list[Any]:
-    """User callbacks plus the defaults (checkpoint, progress bar, summary); checkpoint callbacks last."""
-    from callbacks.base import Callback
-    from callbacks.checkpoint import ModelCheckpoint
-    from callbacks.model_summary import ModelSummary
+_CHECKPOINT = ("callbacks.checkpoint", "ModelCheckpoint")
+_SUMMARY = ("callbacks.model_summary", "ModelSummary")
 
+
+def build_callbacks(callbacks: Any, spec: RunSpec) -> list[Any]:
+    """User callbacks plus the defaults (checkpoint, progress bar, summary); checkpoint callbacks last.
+
+    A callback module is imported only to build a default callback (see trainer/loaded_classes.py)."""
     given = list(callbacks) if isinstance(callbacks, (list, tuple)) else ([callbacks] if callbacks else [])
-    for cb in given:
-        if not isinstance(cb, Callback):
-            raise ConfigError(f"callbacks contains {cb!r}, which is not a callbacks.Callback instance.")
-    has = lambda kind: any(isinstance(cb, kind) for cb in given)  # noqa: E731
-    if has(ModelCheckpoint) and not spec.enable_checkpointing and not spec.fast_dev_run:
+    if given:
+        from callbacks.base import Callback
+
+        for cb in given:
+            if not isinstance(cb, Callback):
+                raise ConfigError(f"callbacks contains {cb!r}, which is not a callbacks.Callback instance.")
+    has_checkpoint = bool(instances_of(given, *_CHECKPOINT))
+    if has_checkpoint and not spec.enable_checkpointing and not spec.fast_dev_run:
         raise ConfigError("a ModelCheckpoint callback was given but enable_checkpointing=False; drop one of them.")
-    if spec.enable_checkpointing and not has(ModelCheckpoint):
+    if spec.enable_checkpointing and not has_checkpoint:
+        from callbacks.checkpoint import ModelCheckpoint
+
         given.append(ModelCheckpoint())
     bar = _progress_bar(given, spec)
     if bar is not None and bar not in given:
         given.append(bar)
-    if spec.enable_model_summary and not has(ModelSummary):
+    if spec.enable_model_summary and not instances_of(given, *_SUMMARY):
         given.append(_default_summary(bar))
+    checkpoints = {id(cb) for cb in instances_of(given, *_CHECKPOINT)}
     if spec.fast_dev_run:
-        given = [cb for cb in given if not isinstance(cb, ModelCheckpoint)]
+        given = [cb for cb in given if id(cb) not in checkpoints]
     keys = [cb.state_key for cb in given]
     duplicates = sorted({k for k in keys if keys.count(k) > 1})
     if duplicates:
         raise ConfigError(
             f"several callbacks share the state_key(s) {duplicates}; their checkpoint states would collide."
         )
-    return [cb for cb in given if not isinstance(cb, ModelCheckpoint)] + [
-        cb for cb in given if isinstance(cb, ModelCheckpoint)
-    ]
+    return [cb for cb in given if id(cb) not in checkpoints] + [cb for cb in given if id(cb) in checkpoints]
 
 
 def _progress_bar(given: list[Any], spec: RunSpec) -> Any:
     """The run's progress bar: the one given (one at most, and only with `enable_progress_bar=True`, as in
     Lightning), else a `ProgressBar` when enabled."""
-    from callbacks.progress import ProgressBar
-    from callbacks.progress_base import ProgressBarBase
-
-    bars = [cb for cb in given if isinstance(cb, ProgressBarBase)]
+    bars = instances_of(given, "callbacks.progress_base", "ProgressBarBase")
     if len(bars) > 1:
         raise ConfigError(f"callbacks has {len(bars)} progress bars ({', '.join(type(b).__name__ for b in bars)}); "
                           "a Trainer takes one.")
@@ -92,18 +96,21 @@ def _progress_bar(given: list[Any], spec: RunSpec) -> Any:
                           "drop one of them.")
     if bars:
         return bars[0]
-    return ProgressBar() if spec.enable_progress_bar else None
+    if not spec.enable_progress_bar:
+        return None
+    from callbacks.progress import ProgressBar
+
+    return ProgressBar()
 
 
 def _default_summary(bar: Any) -> Any:
     """ModelSummary, or RichModelSummary beside a RichProgressBar (rich is there then)."""
-    from callbacks.model_summary import ModelSummary
-    from callbacks.rich_progress import RichProgressBar
-
-    if isinstance(bar, RichProgressBar):
+    if instances_of([bar], "callbacks.rich_progress", "RichProgressBar"):
         from callbacks.rich_model_summary import RichModelSummary
 
         return RichModelSummary()
+    from callbacks.model_summary import ModelSummary
+
     return ModelSummary()
 
 

@@ -24,11 +24,11 @@ if TYPE_CHECKING:
 def merge_model_callbacks(given: list[Any], returned: Any) -> list[Any]:
     """`given` with the callbacks from `configure_callbacks()`: one whose type is (a subclass of) a given callback's
     type replaces every given callback of that type; ModelCheckpoint callbacks go last (Lightning's rule)."""
+    if not returned:
+        return given
     from callbacks.base import Callback
     from callbacks.checkpoint import ModelCheckpoint
 
-    if not returned:
-        return given
     model_callbacks = list(returned) if isinstance(returned, Sequence) else [returned]
     for cb in model_callbacks:
         if not isinstance(cb, Callback):

@@ -46,14 +46,16 @@ def _uncalled(obj: Any, base: type, table: dict[str, Name]) -> list[str]:
 def refuse_uncalled_hooks(module: Any, datamodule: Any, callbacks: list[Any]) -> None:
     """Raise MisconfigurationError naming every Lightning hook the user defined that would never be called
     (Lightning 1.x hooks that 2.x removed included)."""
-    from callbacks.base import Callback
     from trainer.datamodule import DataModule
     from trainer.module import TrainModule
 
     problems = _uncalled(module, TrainModule, {**MODULE_NAMES, **REMOVED_MODULE_NAMES})
     if datamodule is not None:
         problems += _uncalled(datamodule, DataModule, DATAMODULE_NAMES)
-    for callback in callbacks:
-        problems += _uncalled(callback, Callback, {**CALLBACK_NAMES, **REMOVED_CALLBACK_NAMES})
+    if callbacks:
+        from callbacks.base import Callback
+
+        for callback in callbacks:
+            problems += _uncalled(callback, Callback, {**CALLBACK_NAMES, **REMOVED_CALLBACK_NAMES})
     if problems:
         raise MisconfigurationError("\n".join(problems))
