@@ -50,7 +50,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("launch", "launch.py", "Launch to first step, 2 ranks",
               "ours ≤ the raw `mp.spawn` DDP script + 1.0 s", full_args=("--rounds", "5")),
     Benchmark("overhead", "overhead.py", "Per-step overhead against a raw PyTorch loop",
-              "≤ 1.03x raw without logging, ≤ 1.10x with `self.log` every step, ≤ 1.15x with log + progress bar",
+              "≤ 1.01x raw without logging, ≤ 1.03x with `self.log` every step, ≤ 1.05x with log + progress bar",
               quick_args=("--quick", "--rounds", "1", "--samples", "3200")),
     Benchmark("agreement", "agreement.py", "Per-step agreement across ranks", "cost ≤ 1 % of the step time",
               details="reliability.md"),
