@@ -40,10 +40,15 @@ class Phase(Enum):
 
 
 def torch_rng() -> dict[str, Any]:
-    """The torch RNG states a batch draws from (CPU, and CUDA once it is in use); cheap enough per batch."""
-    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    """The torch RNG states a batch draws from (CPU, and CUDA once it is in use); cheap enough per batch.
+
+    The same states as `torch.get_rng_state()` and `torch.cuda.get_rng_state_all()`, read from the generators
+    themselves: those wrappers re-check the device count and the CUDA context on every call, which cost a
+    host-bound GPU step about 10-20 us (benchmarks/gpu.py's MLP).
+    """
+    state: dict[str, Any] = {"torch": torch.default_generator.get_state()}
     if torch.cuda.is_initialized():  # cheaper than is_available(), which asks the driver
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = [generator.get_state() for generator in torch.cuda.default_generators]
     return state
 
 

@@ -7,6 +7,8 @@ is tested here in every CI run; the `cuda` variants run the same checks where a 
 from __future__ import annotations
 
 import math
+import pickle
+import threading
 from collections import namedtuple
 from pathlib import Path
 from typing import Any
@@ -128,6 +130,41 @@ def _first_vs_last_epoch_loss(model: Regressor, epochs: int) -> tuple[float, flo
 def test_every_alias_builds_the_right_precision(flag: Any, cls: type, name: str, dtype: torch.dtype | None):
     precision = precision_from_flag(flag)
     assert (type(precision), precision.name, precision.param_dtype) == (cls, name, dtype)
+
+
+@pytest.mark.parametrize("flag", PRECISIONS)
+def test_every_precision_survives_pickling_and_still_works(flag: str):
+    """ddp_spawn pickles the strategy with its precision for the ranks: nothing in it may refuse to travel."""
+    precision = pickle.loads(pickle.dumps(precision_from_flag(flag)))
+    with precision.forward_context():
+        out = nn.Linear(2, 2)(precision.convert_input(torch.ones(1, 2)))
+    expected = {"32-true": torch.float32, "64-true": torch.float64, "16-mixed": torch.float16,
+                "bf16-mixed": torch.bfloat16, "16-true": torch.float16, "bf16-true": torch.bfloat16}
+    assert (precision.name, out.dtype) == (flag, expected[flag])
+
+
+def test_the_reused_autocast_nests_and_is_per_thread():
+    """One autocast object per thread and depth: a step inside a step, or DataParallel's threads, each enter
+    their own, and leaving restores what was there before."""
+    context = precision_from_flag("bf16-mixed").forward_context()
+    seen: list[Any] = []
+
+    def other_thread() -> None:
+        with context:
+            seen.append(torch.is_autocast_enabled("cpu"))
+        seen.append(torch.is_autocast_enabled("cpu"))
+
+    with context:
+        with context:
+            assert torch.is_autocast_enabled("cpu")
+        assert torch.is_autocast_enabled("cpu")  # the inner exit restored the outer state, not the initial one
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+    assert not torch.is_autocast_enabled("cpu")
+    assert seen == [True, False]
+    with context:  # entered again after use: the same objects serve the next step
+        assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("flag", ["8", "fp8", 17, True, "16-bf", "float32", None])

@@ -93,11 +93,13 @@ class _SyncsAreErrors(Callback):
 
 
 @run_if(min_cuda_gpus=1)
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 @pytest.mark.parametrize("log", [False, True], ids=["plain", "self.log every step"])
-def test_no_host_sync_in_a_steady_cuda_step(tmp_path: Path, log: bool) -> None:
+def test_no_host_sync_in_a_steady_cuda_step(tmp_path: Path, log: bool, precision: str) -> None:
+    """16-mixed is left out on purpose: torch's GradScaler.step reads found_inf on the host (docs/precision.md)."""
     data = DataLoader(TensorDataset(torch.randn(8 * STEPS, 8), torch.randn(8 * STEPS, 1)), batch_size=8)
     logger = CSVLogger(str(tmp_path)) if log else False
-    trainer = Trainer(**{**QUIET, "logger": logger}, accelerator="cuda", devices=1, max_epochs=1,
+    trainer = Trainer(**{**QUIET, "logger": logger, "accelerator": "cuda"}, precision=precision, max_epochs=1,
                       log_every_n_steps=100, callbacks=[_SyncsAreErrors()])
     try:
         trainer.fit(Counted(log, collections.Counter()), data)
