@@ -30,9 +30,15 @@ _FAILURE_GRACE_S = 3.0  # after a rank failed, the others may report their own e
 _STOP_GRACE_S = 60.0  # after a rank stopped in order (SIGTERM, Ctrl-C), the others finish the same stop
 
 
-def _spawn_entry(local_rank: int, payload: bytes, env_vars: list[dict[str, str]], queue: Any) -> None:
+def _spawn_entry(local_rank: int, payload: bytes | list[Any], env_vars: list[dict[str, str]], queue: Any) -> None:
     os.environ.update(env_vars[local_rank])
     die_with_parent(int(env_vars[local_rank][LAUNCHER_PID_VAR]))  # torch's own parent-death signal is SIGINT
+    if isinstance(payload, list):  # one pipe per rank (see _send_after_start); this rank reads its own
+        for index, reader in enumerate(payload):
+            if index != local_rank:
+                reader.close()
+        with payload[local_rank] as reader:
+            payload = reader.recv_bytes()
     fn, args = pickle.loads(payload)
     try:
         result = fn(*args)  # the run ends with a barrier: every rank is past its last collective here
@@ -111,12 +117,18 @@ class SpawnLauncher:
             item[LAUNCHER_PID_VAR] = str(os.getpid())
             if "OMP_NUM_THREADS" not in os.environ:
                 item["OMP_NUM_THREADS"] = "1"
-        queue = mp.get_context(self.start_method).SimpleQueue()
+        mp_context = mp.get_context(self.start_method)
+        queue = mp_context.SimpleQueue()
         # Plain pickle bytes, not torch's shared-memory reductions: each rank must get its own copy of
         # the parameters, or every rank's optimizer step would land on the same memory.
         payload = pickle.dumps((fn, args))
-        context = mp.start_processes(_spawn_entry, args=(payload, env_vars, queue),
+        pipes = None if self.start_method == "fork" else [mp_context.Pipe(duplex=False)
+                                                           for _ in range(self.processes_per_node)]
+        shipped = payload if pipes is None else [reader for reader, _ in pipes]
+        context = mp.start_processes(_spawn_entry, args=(shipped, env_vars, queue),
                                      nprocs=self.processes_per_node, start_method=self.start_method, join=False)
+        if pipes is not None:
+            _send_after_start(pipes, payload)
         with _forward_signals(context.processes):
             data = self._wait(context, queue)
         return None if data is None else pickle.loads(data)
@@ -127,6 +139,27 @@ class SpawnLauncher:
         for process in context.processes:
             process.join()
         return _outcome(context, data, first)
+
+
+def _send_after_start(pipes: list[tuple[Any, Any]], payload: bytes) -> None:
+    """Give each started rank the model and trainer through its own pipe, from a thread per rank.
+
+    Passed with the process instead, bytes beyond a pipe's buffer (64 KiB: a small model) make the start of
+    each rank wait until the one before has imported torch to read them, so the ranks started one after the
+    other (about 1.3 s more to the first step with 2 ranks, benchmarks/launch.py). A rank that dies before
+    reading leaves its thread waiting; the launcher reports that rank as it would anyway.
+    """
+    for reader, writer in pipes:
+        reader.close()  # the ranks hold their own copies; the parent writes only
+
+        def send(writer: Any = writer) -> None:
+            try:
+                with writer:
+                    writer.send_bytes(payload)
+            except OSError:  # the rank ended before reading: _watch reports how it ended
+                pass
+
+        threading.Thread(target=send, name="trainer-rank-payload", daemon=True).start()
 
 
 def _watch(processes: list[Any], queue: Any) -> tuple[bytes | None, int | None]:
