@@ -33,13 +33,8 @@ _STOP_GRACE_S = 60.0  # after a rank stopped in order (SIGTERM, Ctrl-C), the oth
 def _spawn_entry(local_rank: int, payload: bytes | list[Any], env_vars: list[dict[str, str]], queue: Any) -> None:
     os.environ.update(env_vars[local_rank])
     die_with_parent(int(env_vars[local_rank][LAUNCHER_PID_VAR]))  # torch's own parent-death signal is SIGINT
-    if isinstance(payload, list):  # one pipe per rank (see _send_after_start); this rank reads its own
-        for index, reader in enumerate(payload):
-            if index != local_rank:
-                reader.close()
-        with payload[local_rank] as reader:
-            payload = reader.recv_bytes()
-    fn, args = pickle.loads(payload)
+    data = payload if isinstance(payload, bytes) else _read_own_pipe(payload, local_rank)
+    fn, args = pickle.loads(data)
     try:
         result = fn(*args)  # the run ends with a barrier: every rank is past its last collective here
     except SystemExit as stop:
@@ -50,6 +45,15 @@ def _spawn_entry(local_rank: int, payload: bytes | list[Any], env_vars: list[dic
         # Plain pickle bytes: tensors travel by value, so nothing depends on this process staying alive.
         queue.put(pickle.dumps(result))
     _exit_now(0)
+
+
+def _read_own_pipe(readers: list[Any], local_rank: int) -> bytes:
+    """The bytes the launcher writes to this rank's pipe once every rank has started (see _send_after_start)."""
+    for index, reader in enumerate(readers):
+        if index != local_rank:
+            reader.close()
+    with readers[local_rank] as reader:
+        return reader.recv_bytes()
 
 
 def _exit_now(code: int) -> None:
