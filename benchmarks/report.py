@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -158,14 +159,22 @@ def section_block(bench: Benchmark, result: dict[str, Any] | None, status: str |
     return "\n".join(lines)
 
 
-def replace_block(text: str, name: str, body: str, title: str) -> str:
-    """Put `body` between the markers of `name`, or append a section holding them."""
+def replace_block(text: str, name: str, body: str, title: str, later: Sequence[str] = ()) -> str:
+    """Put `body` between the markers of `name`; a page without them gets a new section holding them, placed
+    before the section of the first of `later` (the benchmarks after it in suite order) that the page has,
+    else at the end, so that the page keeps the suite's order."""
     start, end = marker(name, "start"), marker(name, "end")
     block = f"{start}\n{body}\n{end}"
     pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
     if pattern.search(text):
         return pattern.sub(lambda _: block, text, count=1)
-    return text.rstrip("\n") + f"\n\n## {title}\n\n{block}\n"
+    section = f"## {title}\n\n{block}\n"
+    for other in later:
+        at = text.find(marker(other, "start"))
+        heading = text.rfind("\n## ", 0, at) if at >= 0 else -1
+        if heading >= 0:
+            return f"{text[:heading + 1]}{section}\n{text[heading + 1:]}"
+    return text.rstrip("\n") + f"\n\n{section}"
 
 
 # --- plots -------------------------------------------------------------------------------------------------
@@ -239,7 +248,8 @@ def generate(results_dir: Path = RESULTS, docs: Path | None = None, img_dir: Pat
             written.append(png)
             img = os.path.relpath(png, docs.parent)
         status = suite.get("runs", {}).get(bench.name, {}).get("status")
-        text = replace_block(text, bench.name, section_block(bench, result, status, img), bench.title)
+        later = [b.name for b in BENCHMARKS[BENCHMARKS.index(bench) + 1:]]
+        text = replace_block(text, bench.name, section_block(bench, result, status, img), bench.title, later)
     docs.write_text(text)
     return [docs, *written]
 

@@ -150,8 +150,9 @@ def _send_after_start(pipes: list[tuple[Any, Any]], payload: bytes) -> None:
 
     Passed with the process instead, bytes beyond a pipe's buffer (64 KiB: a small model) make the start of
     each rank wait until the one before has imported torch to read them, so the ranks started one after the
-    other (about 1.3 s more to the first step with 2 ranks, benchmarks/launch.py). A rank that dies before
-    reading leaves its thread waiting; the launcher reports that rank as it would anyway.
+    other (about 1.3 s more to the first step with 2 ranks, benchmarks/launch.py). Each rank closes the pipes
+    of the others as soon as it has them, and this process closes its own copies here, so a rank that dies
+    before reading leaves no reader: the write fails, and `_watch` reports how that rank ended.
     """
     for reader, writer in pipes:
         reader.close()  # the ranks hold their own copies; the parent writes only

@@ -109,3 +109,17 @@ def test_jobs_above_one_needs_quick_mode(tmp_path):
     done = subprocess.run([sys.executable, str(BENCH / "run_all.py"), "--jobs", "2", "--results-dir", str(tmp_path),
                            "--no-docs"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--quick" in done.stderr and not list(tmp_path.iterdir())
+
+
+def test_a_new_section_goes_where_the_suite_puts_it():
+    """A benchmark that has no section yet gets one before the next benchmark's, not at the end of the page."""
+    report = _load("report")
+    page = "# Benchmarks\n\n## B\n\n<!-- generated:b start -->\nold\n<!-- generated:b end -->\n\n## D\n\n" \
+           "<!-- generated:d start -->\nd\n<!-- generated:d end -->\n"
+    page = report.replace_block(page, "a", "new a", "A", later=["b", "d"])
+    page = report.replace_block(page, "c", "new c", "C", later=["d"])
+    page = report.replace_block(page, "e", "new e", "E", later=[])
+    page = report.replace_block(page, "b", "new b", "B", later=["c", "d"])
+    headings = [line for line in page.splitlines() if line.startswith("## ")]
+    assert headings == ["## A", "## B", "## C", "## D", "## E"]
+    assert "<!-- generated:b start -->\nnew b\n<!-- generated:b end -->" in page and "old" not in page

@@ -40,3 +40,22 @@ def test_a_payload_larger_than_a_pipe_reaches_every_rank_after_they_all_started(
     assert result == (0, len(blob))
     (given,) = shipped
     assert isinstance(given, list) and len(given) == 2, "the payload travelled with the process objects"
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(90)
+def test_a_rank_killed_before_it_reads_its_payload_fails_the_launch_without_a_hang(monkeypatch: Any):
+    blob = os.urandom(1 * 2**20)
+    start = spawn_launcher.mp.start_processes
+
+    def kill_rank_1_at_once(fn: Any, args: tuple, **kwargs: Any) -> Any:
+        context = start(fn, args, **kwargs)
+        context.processes[1].kill()  # before the launcher writes anything to its pipe
+        return context
+
+    monkeypatch.setattr(spawn_launcher.mp, "start_processes", kill_rank_1_at_once)
+    env = ClusterEnvironment(kind="local", external=False, world_size=2, global_rank=0, local_rank=0, node_rank=0,
+                             master_addr="127.0.0.1", master_port=None)
+    with pytest.raises(spawn_launcher.mp.ProcessExitedException, match="process 1") as failed:
+        SpawnLauncher(2).launch(_check_blob, blob, hashlib.sha256(blob).hexdigest(), env=env)
+    assert failed.value.signal_name == "SIGKILL"
