@@ -30,6 +30,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from callbacks import Callback
+from strategies.shutdown import shutdown_distributed
 from trainer import Trainer, TrainModule, seed_everything
 
 OUT_ENV = "SYNC_SGD_OUT"  # set by the first process; its presence also marks the Trainer's re-run ranks
@@ -108,7 +109,11 @@ def hand_written_rank(rank: int, args: argparse.Namespace, port: int, out: str) 
         if rank == 0:
             torch.save({k: v.cpu() for k, v in model.state_dict().items()}, out)
     finally:
-        dist.destroy_process_group()
+        # Not just dist.destroy_process_group(): on torch 2.14 with gloo a rank can then still abort at exit
+        # (`terminate called without an active exception`, a gloo worker thread racing interpreter shutdown;
+        # docs/reliability.md, "A finished run exits 0 on every rank"). This destroys the group and waits for
+        # gloo's threads to go idle, as the Trainer's own ranks do.
+        shutdown_distributed()
 
 
 # --- part 2: the Trainer ---------------------------------------------------------------------------------
