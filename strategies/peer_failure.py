@@ -21,6 +21,7 @@ from strategies.peers import CHECK_S, Peers
 
 LAUNCHER_WAIT_S = 2.0  # rank 0 of our own launcher: how long it waits to see which child ended
 CHILD_DELAY_S = 1.0  # a rank our launcher started: lets the launcher's report of a dead rank come first
+PEER_END_WAIT_S = 1.0  # the most a rank waits for a killed peer on its machine to be seen as ended (failure path only)
 
 
 class PeerFailures:
@@ -56,7 +57,7 @@ class PeerFailures:
                 explained = self.launcher.child_ranks
         elif os.environ.get(LAUNCHER_PID_VAR):
             time.sleep(CHILD_DELAY_S)
-        gone = [r for r in self.peers.gone() if r not in explained]
+        gone = self.peers.gone(PEER_END_WAIT_S, ignore=tuple(explained))
         if gone:
             parts.append(", ".join(self.peers.describe(r) for r in gone) + (" has" if len(gone) == 1 else " have")
                          + " ended")

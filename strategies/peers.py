@@ -21,6 +21,7 @@ import os
 import re
 import signal
 import socket
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -118,9 +119,20 @@ class Peers:
         where = "this machine" if self.is_local(rank) else f"host {peer.host}"
         return f"rank {rank} (pid {peer.pid} on {where})"
 
-    def gone(self) -> list[int]:
-        """Ranks on this machine whose process has ended (ranks elsewhere cannot be checked from here)."""
-        return [r for r in range(len(self.table)) if self.is_local(r) and not _alive(self.table[r])]
+    def gone(self, within_s: float = 0.0, ignore: tuple[int, ...] = ()) -> list[int]:
+        """Ranks on this machine whose process has ended (ranks elsewhere cannot be checked from here).
+
+        `within_s` looks again, every 20 ms, until one has ended: a SIGKILLed process closes its sockets (which is
+        how this rank learns of it) before the kernel marks it ended, and on a loaded machine that gap is long enough
+        for a single look to find every peer still there. Ranks in `ignore` are neither reported nor waited for.
+        """
+        local = [r for r in range(len(self.table)) if self.is_local(r) and r not in ignore]
+        deadline = time.monotonic() + within_s
+        while True:
+            ended = [r for r in local if not _alive(self.table[r])]
+            if ended or not local or time.monotonic() >= deadline:
+                return ended
+            time.sleep(0.02)
 
     def missing_after_timeout(self) -> tuple[list[int], str]:
         """Enter the check every rank that timed out enters; returns (ranks that did not join, how it was decided).
