@@ -12,21 +12,24 @@ descheduled worker thread, so it shows up on loaded machines (CI), one run in 10
 The process group cannot simply be freed before finalization (which would join the worker threads): once
 torch._dynamo is imported (DDP's constructor does it) it keeps references to the default group. So at exit,
 while the interpreter is still whole, `shutdown_distributed` destroys every group and then waits until the
-gloo worker threads are idle (sleeping, and not woken since the last look, across sleeps that hand the GIL
-over), so no worker is left that would need the GIL during finalization. Processes that only run our code (the
-ranks of `ddp_spawn`) skip finalization altogether with `os._exit(0)` after an orderly end (see launchers.py).
+gloo worker threads are idle (asleep in the futex wait for their next work, and not woken since the last look,
+across sleeps that hand the GIL over), so no worker is left that would need the GIL during finalization. Processes
+that only run our code (the ranks of `ddp_spawn`) skip finalization altogether with `os._exit(0)` after an orderly
+end (see launchers.py).
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import platform
 import time
 
 import torch.distributed as dist
 
 # torch names the threads that run gloo collectives (c10::setThreadName); with another name nothing is awaited.
 _WORKER_THREAD_NAMES = ("pt_gloo_runloop",)
+_FUTEX_SYSCALL = {"x86_64": 202, "aarch64": 98}  # the futex system call's number, by machine
 _POLL_S = 0.002
 DRAIN_TIMEOUT_S = 10.0
 
@@ -46,8 +49,22 @@ def _worker_threads() -> list[str]:
     return found
 
 
-def _thread_state(tid: str) -> tuple[str, int] | None:
-    """(scheduler state letter, number of context switches so far) of one of this process's threads."""
+def _in_futex_wait(tid: str) -> bool:
+    """Is the thread blocked in a futex wait, where an idle worker waits for its next work? A worker that sleeps in
+    any other call (a descheduled one, or a test's amplifier) may still hold finished work. Where the call cannot be
+    read (another architecture, a restricted /proc) this says True and the other conditions decide alone."""
+    futex = _FUTEX_SYSCALL.get(platform.machine())
+    if futex is None:
+        return True
+    try:
+        with open(f"/proc/self/task/{tid}/syscall") as f:
+            return f.read().split(maxsplit=1)[0] == str(futex)  # "running" when not in a call
+    except (OSError, IndexError):
+        return True
+
+
+def _thread_state(tid: str) -> tuple[str, int, bool] | None:
+    """(scheduler state letter, context switches so far, blocked in a futex wait) of one of this process's threads."""
     try:
         with open(f"/proc/self/task/{tid}/stat") as f:
             state = f.read().rsplit(")", 1)[1].split()[0]
@@ -56,26 +73,27 @@ def _thread_state(tid: str) -> tuple[str, int] | None:
             for line in f:
                 if "ctxt_switches" in line:  # voluntary_ctxt_switches and nonvoluntary_ctxt_switches
                     switches += int(line.split(":")[1])
-        return state, switches
+        return state, switches, state == "S" and _in_futex_wait(tid)
     except (OSError, IndexError, ValueError):
         return None  # the thread ended
 
 
 def wait_for_idle_worker_threads(timeout_s: float = DRAIN_TIMEOUT_S) -> bool:
-    """Wait until every gloo worker thread sleeps and stayed asleep across a GIL-releasing pause.
+    """Wait until every gloo worker thread sleeps in a futex wait and stayed asleep across a GIL-releasing pause.
 
-    A worker that still has to drop a finished work is either runnable (state R) or waiting for the GIL; the
-    pause hands the GIL over, which wakes such a waiter (its context-switch count moves). Returns False when the
-    threads did not settle within `timeout_s` (the caller carries on: this bounds exit time).
+    A worker that still has to drop a finished work is runnable (state R), waiting for the GIL, or asleep somewhere
+    other than a futex; the pause hands the GIL over, which wakes a GIL waiter (its context-switch count moves), and
+    an idle worker's wait for its next work is a futex wait. Returns False when the threads did not settle within
+    `timeout_s` (the caller carries on: this bounds exit time).
     """
     tids = _worker_threads()
     if not tids:
         return True
     deadline = time.monotonic() + timeout_s
-    previous: dict[str, tuple[str, int] | None] = {}
+    previous: dict[str, tuple[str, int, bool] | None] = {}
     while time.monotonic() < deadline:
         current = {tid: _thread_state(tid) for tid in tids}
-        settled = all(s is None or (s[0] == "S" and previous.get(tid) == s) for tid, s in current.items())
+        settled = all(s is None or (s[2] and previous.get(tid) == s) for tid, s in current.items())
         if settled and previous:
             return True
         previous = current
