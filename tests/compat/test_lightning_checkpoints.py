@@ -252,7 +252,10 @@ def test_the_checked_in_fixture_is_what_its_script_writes(lightning_files: dict[
 
     fresh = _saved(_quietly(write_checkpoints, tmp_path)[0])
     kept = _saved(FIXTURE)
-    assert all(torch.equal(fresh["state_dict"][k], v) for k, v in kept["state_dict"].items())
+    # Not bitwise: the file was written by the torch of its day, and a later torch's float kernels may round the
+    # last bit differently (torch 2.14.1 differs by 1 ulp). A different model, data or schedule is far outside this.
+    for name, tensor in kept["state_dict"].items():
+        torch.testing.assert_close(fresh["state_dict"][name], tensor, rtol=1e-6, atol=1e-7)
     assert (fresh["epoch"], fresh["global_step"], fresh["lr_schedulers"]) == (
         kept["epoch"], kept["global_step"], kept["lr_schedulers"])
 
@@ -267,7 +270,9 @@ def _lightning_resume(ckpt: Path, root: Path) -> dict[str, torch.Tensor]:
     return {k: v.detach() for k, v in model.state_dict().items()}
 
 
-@pytest.mark.parametrize("source", ["fixture", "epoch_end", "validation_end"])
+# Files written by Lightning on the running torch, so that the comparison can be bitwise: the checked-in file holds
+# the rounding of the torch that wrote it (its resume is compared with Lightning's own resume of it, below).
+@pytest.mark.parametrize("source", ["epoch_end", "validation_end"])
 def test_resuming_a_lightning_checkpoint_trains_what_the_uninterrupted_lightning_run_trained(
         lightning_files: dict[str, Path], lightning_uninterrupted: dict[str, torch.Tensor], source: str):
     model, _ = _resume(FIXTURE if source == "fixture" else lightning_files[source])
