@@ -61,8 +61,8 @@ def _fit(framework: str, tmp_path: Path, *extra: str) -> tuple[dict[str, torch.T
 
 @pytest.fixture
 def lightning_cli() -> None:
-    pytest.importorskip("lightning.pytorch", reason="Lightning is in the [bench] extra")
-    pytest.importorskip("jsonargparse", reason="Lightning's CLI needs jsonargparse (the [bench] extra)")
+    pytest.importorskip("lightning.pytorch", reason="Lightning (the [dev] extra) is not installed")
+    pytest.importorskip("jsonargparse", reason="Lightning's CLI needs jsonargparse (the [dev] extra)")
 
 
 @pytest.mark.timeout(240)

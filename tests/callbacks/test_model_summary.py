@@ -69,7 +69,7 @@ EXAMPLES = {"none": None, "tensor": torch.zeros(4, 32), "tuple": (torch.zeros(4,
 @pytest.mark.parametrize("depth", [1, 2, 3, -1, 0])
 @pytest.mark.parametrize("example", sorted(EXAMPLES))
 def test_the_table_and_totals_equal_lightnings(depth: int, example: str):
-    pytest.importorskip("lightning.pytorch", reason="Lightning is in the [bench] extra")
+    pytest.importorskip("lightning.pytorch", reason="Lightning (the [dev] extra) is not installed")
     from lightning.pytorch.utilities.model_summary import summarize as lightning_summarize
 
     theirs = str(lightning_summarize(_lightning(EXAMPLES[example]), max_depth=depth))

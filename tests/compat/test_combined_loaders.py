@@ -31,7 +31,7 @@ def _loaders(shuffle: bool = True) -> dict[str, DataLoader]:
 
 
 def _lightning() -> Any:
-    return pytest.importorskip("lightning.pytorch", reason="Lightning is in the [bench] extra")
+    return pytest.importorskip("lightning.pytorch", reason="Lightning (the [dev] extra) is not installed")
 
 
 def _flatten(value: Any) -> Any:

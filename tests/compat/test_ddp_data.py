@@ -32,7 +32,7 @@ def _train(records: list[Any], key: str, epoch: int) -> list[Any]:
 
 @pytest.mark.timeout(360)
 def test_two_ranks_see_lightnings_samples(tmp_path: Path) -> None:
-    pytest.importorskip("lightning.pytorch", reason="Lightning is in the [bench] extra")
+    pytest.importorskip("lightning.pytorch", reason="Lightning (the [dev] extra) is not installed")
     ours, theirs = _run("ours", tmp_path), _run("lightning", tmp_path)
     for rank in (0, 1):
         # a DataLoader subclass that shuffles is re-created and sharded exactly as Lightning does

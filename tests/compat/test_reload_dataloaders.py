@@ -57,7 +57,7 @@ def _module(base: type) -> Any:
                                    {"reload_dataloaders_every_n_epochs": 2, "check_val_every_n_epoch": 2,
                                     "num_sanity_val_steps": 2}])
 def test_reloads_as_lightning_does(flags: dict[str, Any]) -> None:
-    pl = pytest.importorskip("lightning.pytorch", reason="Lightning is in the [bench] extra")
+    pl = pytest.importorskip("lightning.pytorch", reason="Lightning (the [dev] extra) is not installed")
     import trainer
 
     runs = []

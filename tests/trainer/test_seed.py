@@ -93,7 +93,7 @@ def test_the_rank_separates_workers_of_different_ranks():
 @pytest.mark.parametrize("rank", [0, 3])
 def test_the_numbers_are_lightnings(rank: int):
     """The same rule as Lightning 2.x's `pl_worker_init_function`: a ported script draws the same numbers."""
-    seed = pytest.importorskip("lightning.fabric.utilities.seed", reason="Lightning is in the [bench] extra")
+    seed = pytest.importorskip("lightning.fabric.utilities.seed", reason="Lightning (the [dev] extra) is not installed")
 
     def load(init: Any) -> torch.Tensor:
         return _draws(DataLoader(WorkerDraws(), batch_size=1, num_workers=2, worker_init_fn=init))
