@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 
 from strategies.checkpoint_io import safe_load
-from strategies.distributed import find_free_port
 from tests.helpers.launch import REPO, TORCHRUN, Finished, clean_env, launch
 
 SCRIPT = REPO / "tests" / "scripts" / "faults.py"
@@ -33,7 +32,10 @@ def command(out: Path, *args: str, launcher: str = "own", **env: str) -> tuple[l
         return cmd, environment
     if launcher == "spawn":
         script += ["--strategy", "ddp_spawn"]
-    return [sys.executable, *script], clean_env(MASTER_PORT=str(find_free_port()), **env)
+    # No MASTER_PORT: the launcher picks a free port as it starts the ranks, as in a user's run. A port picked here
+    # stayed unbound for the seconds the script took to import torch, and beside another CI run on the same machine
+    # an outgoing connection once took it first (EADDRINUSE at rank 0's init_process_group).
+    return [sys.executable, *script], clean_env(**env)
 
 
 def run(out: Path, *args: str, launcher: str = "own", timeout: float = 75, grace_s: float = 3.0,
