@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 # torch names the threads that run gloo collectives (c10::setThreadName); with another name nothing is awaited.
 _WORKER_THREAD_NAMES = ("pt_gloo_runloop",)
-_FUTEX_SYSCALL = {"x86_64": 202, "aarch64": 98}  # the futex system call's number, by machine
+_FUTEX_SYSCALL = {"x86_64": 202, "aarch64": 98}.get(platform.machine())  # the futex call's number on this machine
 _POLL_S = 0.002
 DRAIN_TIMEOUT_S = 10.0
 
@@ -53,12 +53,11 @@ def _in_futex_wait(tid: str) -> bool:
     """Is the thread blocked in a futex wait, where an idle worker waits for its next work? A worker that sleeps in
     any other call (a descheduled one, or a test's amplifier) may still hold finished work. Where the call cannot be
     read (another architecture, a restricted /proc) this says True and the other conditions decide alone."""
-    futex = _FUTEX_SYSCALL.get(platform.machine())
-    if futex is None:
+    if _FUTEX_SYSCALL is None:
         return True
     try:
         with open(f"/proc/self/task/{tid}/syscall") as f:
-            return f.read().split(maxsplit=1)[0] == str(futex)  # "running" when not in a call
+            return f.read().split(maxsplit=1)[0] == str(_FUTEX_SYSCALL)  # "running" when not in a call
     except (OSError, IndexError):
         return True
 

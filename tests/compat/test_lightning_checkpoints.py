@@ -275,7 +275,7 @@ def _lightning_resume(ckpt: Path, root: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("source", ["epoch_end", "validation_end"])
 def test_resuming_a_lightning_checkpoint_trains_what_the_uninterrupted_lightning_run_trained(
         lightning_files: dict[str, Path], lightning_uninterrupted: dict[str, torch.Tensor], source: str):
-    model, _ = _resume(FIXTURE if source == "fixture" else lightning_files[source])
+    model, _ = _resume(lightning_files[source])
     assert all(torch.equal(model.state_dict()[k], v) for k, v in lightning_uninterrupted.items())
 
 
