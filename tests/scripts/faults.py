@@ -73,8 +73,11 @@ class Fault:
     def fired(self) -> None:
         if self._current is not None:
             self._current[3] = True
-        with open(self.out / "fired_at.txt", "w") as f:
-            f.write(repr(time.time()))
+        # Written whole or not at all: with faults on both ranks, the other rank may be killed (its launcher died)
+        # between opening the file and writing it, and an in-place write then left it empty for the test to read.
+        partial = self.out / f"fired_at.{os.getpid()}.tmp"
+        partial.write_text(repr(time.time()))
+        os.replace(partial, self.out / "fired_at.txt")
 
 
 def _hidden_none(fault: Fault, trainer: Any, loss: torch.Tensor) -> torch.Tensor | None:
