@@ -1,8 +1,8 @@
 """One tiny 2-rank fit with the Trainer's defaults (TensorBoard logger, checkpointing), then code after fit.
 
-Run by tests/scripts/exit_stress.py, which counts how runs end. `--raw` runs the same training as a
-hand-written DDP script that leaves its process group to interpreter shutdown, with its last collective at exit
-(the baseline):
+Run by tests/scripts/exit_stress.py, which counts how runs end. Every rank's last collective runs at exit: an
+async sum with a Python callback (`sum_at_exit`). `--raw` runs the same training as a hand-written DDP script that
+leaves its process group to interpreter shutdown (the baseline):
 
     python tests/scripts/exit_fit.py --strategy ddp --out OUT
     torchrun --standalone --nproc_per_node 2 tests/scripts/exit_fit.py --out OUT [--raw]
@@ -71,18 +71,30 @@ def _raw_rank(local_rank: int, port: int | None) -> None:
         opt.step()
         opt.zero_grad()
     print(f"RANK_DONE {dist.get_rank()}", flush=True)
-    # The last collective (as a checkpoint gathers per-rank state) runs at interpreter exit: atexit handlers run
-    # right before finalization starts, so the path from its end to finalization is as short as it can be, and the
-    # amplifier's window (tests/scripts/slow_gloo_worker.c) covers it however loaded the machine is. Placed in the
-    # main flow instead, the exit path of mp.spawn's child took longer than the window on a loaded CI machine once.
-    atexit.register(_gather_rank_state)
+    sum_at_exit(len(sampler))
 
 
-def _gather_rank_state() -> None:
+_TOTALS: dict[str, torch.Tensor] = {}
+
+
+def sum_at_exit(steps: int) -> None:
+    """The script's last collective runs at interpreter exit (atexit, right before finalization): an async sum of
+    the ranks' step counts whose result a Python callback reads, as a script that logs a total when it arrives.
+    The callback runs on the gloo worker thread that finishes the sum, which takes the GIL for it after the main
+    thread has moved on; the amplifier (tests/scripts/slow_gloo_worker.c) delays that until finalization."""
     import torch.distributed as dist
 
-    objects: list = [None, None]
-    dist.all_gather_object(objects, {"rank": dist.get_rank()})
+    if dist.is_available() and dist.is_initialized():  # not in the process that called fit(strategy="ddp_spawn")
+        _TOTALS["steps"] = torch.tensor([float(steps)])
+        atexit.register(_sum_steps)
+
+
+def _sum_steps() -> None:
+    import torch.distributed as dist
+
+    total = dist.all_reduce(_TOTALS["steps"], async_op=True).get_future()
+    total.then(lambda done: done.value())
+    total.wait()
 
 
 def main() -> None:
@@ -109,6 +121,7 @@ def main() -> None:
     trainer = Trainer(accelerator="cpu", devices=args.devices, num_nodes=args.num_nodes, strategy=args.strategy,
                       max_epochs=1, default_root_dir=args.out, enable_progress_bar=False, log_every_n_steps=1)
     trainer.fit(Tiny(), DataLoader(_data(), batch_size=8, shuffle=True))
+    sum_at_exit(trainer.global_step)
     print("AFTER_FIT", flush=True)
 
 

@@ -10,10 +10,10 @@ Modes: ddp (our launcher re-runs the script), ddp_spawn, torchrun (one node, 2 w
 torchrun agents on localhost), manual_2node (MASTER_ADDR/MASTER_PORT/NODE_RANK, no launcher); and the baseline
 raw_spawn / raw_torchrun: a hand-written DDP script that leaves its process group to interpreter shutdown.
 `--parallel` runs that many launches at once (load, as on a busy CI machine). `--amplify` compiles
-tests/scripts/slow_gloo_worker.c (needs a C compiler) and preloads it into every rank: gloo worker threads then
-release finished work 200 ms late, which makes the exit race that a finished run must survive happen every time
-(the raw modes then abort in every run). Exit code 1 when a product mode (not a raw one) had an abnormal run;
-every abnormal run's exit codes and last output lines are printed.
+tests/scripts/slow_gloo_worker.c (needs a C compiler) and preloads it into every rank: a gloo worker thread about
+to take the GIL then waits until interpreter finalization has begun (200 ms at most), which makes the exit race
+that a finished run must survive happen every time (the raw modes then abort in every run). Exit code 1 when a
+product mode (not a raw one) had an abnormal run; every abnormal run's exit codes and last output lines are printed.
 """
 
 from __future__ import annotations
