@@ -74,9 +74,6 @@ def _raw_rank(local_rank: int, port: int | None) -> None:
     sum_at_exit(len(sampler))
 
 
-_TOTALS: dict[str, torch.Tensor] = {}
-
-
 def sum_at_exit(steps: int) -> None:
     """The script's last collective runs at interpreter exit (atexit, right before finalization): an async sum of
     the ranks' step counts whose result a Python callback reads, as a script that logs a total when it arrives.
@@ -85,14 +82,13 @@ def sum_at_exit(steps: int) -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():  # not in the process that called fit(strategy="ddp_spawn")
-        _TOTALS["steps"] = torch.tensor([float(steps)])
-        atexit.register(_sum_steps)
+        atexit.register(_sum_steps, torch.tensor([float(steps)]))
 
 
-def _sum_steps() -> None:
+def _sum_steps(steps: torch.Tensor) -> None:
     import torch.distributed as dist
 
-    total = dist.all_reduce(_TOTALS["steps"], async_op=True).get_future()
+    total = dist.all_reduce(steps, async_op=True).get_future()
     total.then(lambda done: done.value())
     total.wait()
 
