@@ -1,6 +1,6 @@
 // Test-only amplifier for tests/scripts/exit_stress.py (`--amplify`), loaded with LD_PRELOAD into every rank.
-// When a gloo worker thread is about to take the GIL (to release the Python object of a tensor it no longer needs,
-// after a collective), it first sleeps for up to SLOW_WORKER_MS (default 200), as a worker descheduled on a busy
+// When a gloo worker thread is about to take the GIL (to run the Python callback of a finished collective, as the
+// last collective of tests/scripts/exit_fit.py has, or to release a tensor's Python object), it first sleeps for up to SLOW_WORKER_MS (default 200), as a worker descheduled on a busy
 // machine would. A process whose main thread reaches interpreter finalization meanwhile has the worker ask for the
 // GIL inside finalization, where Python ends the thread and the unwind aborts the process with "terminate called
 // without an active exception", unless it ended its distributed state in order (see strategies/shutdown.py). It
