@@ -137,9 +137,9 @@ def make_loader(dataset: TensorDataset, cfg: Config) -> DataLoader:
 
 
 # --- variants --------------------------------------------------------------------------------------------
-def run_raw(dataset: TensorDataset, cfg: Config) -> Run:
+def run_raw(dataset: TensorDataset, cfg: Config, clock: StepClock | None = None) -> Run:
     """The baseline: the loop a user would write by hand, with the same per-step stamp the others pay."""
-    model, loader, clock = make_mlp(cfg.seed), make_loader(dataset, cfg), StepClock()
+    model, loader, clock = make_mlp(cfg.seed), make_loader(dataset, cfg), clock or StepClock()
     start = time.perf_counter()
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
     model.train()
@@ -176,8 +176,8 @@ class OursModule(TrainModule):
 class OursStepTimer(Callback):
     """Stamps the end of every training batch (after the optimizer step)."""
 
-    def __init__(self) -> None:
-        self.clock = StepClock()
+    def __init__(self, clock: StepClock | None = None) -> None:
+        self.clock = clock or StepClock()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.clock.tick()
@@ -190,10 +190,12 @@ TRAINER_FLAGS: dict[str, Any] = dict(
 )
 
 
-def run_ours(dataset: TensorDataset, cfg: Config, log_every_step: bool, bar: bool = False, ema: bool = False) -> Run:
+def run_ours(dataset: TensorDataset, cfg: Config, log_every_step: bool, bar: bool = False, ema: bool = False,
+             clock: StepClock | None = None) -> Run:
     """Our Trainer with the timing callback (and, with `bar`, a real tqdm progress bar showing the loss; with `ema`,
     an exponential moving average of the weights updated after every step)."""
-    module, loader, timer = OursModule(cfg.seed, cfg.lr, log_every_step), make_loader(dataset, cfg), OursStepTimer()
+    module, loader = OursModule(cfg.seed, cfg.lr, log_every_step), make_loader(dataset, cfg)
+    timer = OursStepTimer(clock)
     callbacks: list[Any] = [timer, ProgressBar(plain=False)] if bar else [timer]
     if ema:
         callbacks.insert(0, EMAWeightAveraging(decay=0.999))
@@ -239,14 +241,16 @@ def lightning_runner() -> Callable[..., Run] | None:
             return torch.optim.SGD(self.parameters(), lr=self.lr)
 
     class LitStepTimer(pl.Callback):
-        def __init__(self) -> None:
-            self.clock = StepClock()
+        def __init__(self, clock: StepClock | None) -> None:
+            self.clock = clock or StepClock()
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
             self.clock.tick()
 
-    def run(dataset: TensorDataset, cfg: Config, log_every_step: bool, bar: bool = False, ema: bool = False) -> Run:
-        module, loader, timer = LitModule(cfg.seed, cfg.lr, log_every_step), make_loader(dataset, cfg), LitStepTimer()
+    def run(dataset: TensorDataset, cfg: Config, log_every_step: bool, bar: bool = False, ema: bool = False,
+            clock: StepClock | None = None) -> Run:
+        module, loader = LitModule(cfg.seed, cfg.lr, log_every_step), make_loader(dataset, cfg)
+        timer = LitStepTimer(clock)
         callbacks = _lightning_callbacks(timer, ema)
         start = time.perf_counter()
         with contextlib.redirect_stdout(io.StringIO()) if bar else contextlib.nullcontext():
@@ -258,26 +262,29 @@ def lightning_runner() -> Callable[..., Run] | None:
     return run
 
 
-def build_variants(with_lightning: bool) -> dict[str, Callable[[TensorDataset, Config], Run]]:
+Runner = Callable[..., Run]  # (dataset, cfg, clock=None) -> Run; `clock` replaces the variant's own StepClock
+
+
+def build_variants(with_lightning: bool) -> dict[str, Runner]:
     """Name → runner, in table order."""
-    variants: dict[str, Callable[[TensorDataset, Config], Run]] = {
+    variants: dict[str, Runner] = {
         "raw": run_raw,
-        "ours": lambda d, c: run_ours(d, c, False),
-        "ours_log": lambda d, c: run_ours(d, c, True),
-        "ours_log_bar": lambda d, c: run_ours(d, c, True, bar=True),
-        "ours_ema": lambda d, c: run_ours(d, c, False, ema=True),
+        "ours": lambda d, c, clock=None: run_ours(d, c, False, clock=clock),
+        "ours_log": lambda d, c, clock=None: run_ours(d, c, True, clock=clock),
+        "ours_log_bar": lambda d, c, clock=None: run_ours(d, c, True, bar=True, clock=clock),
+        "ours_ema": lambda d, c, clock=None: run_ours(d, c, False, ema=True, clock=clock),
     }
     lit = lightning_runner() if with_lightning else None
     if lit is not None:
-        variants["lightning"] = lambda d, c: lit(d, c, False)
-        variants["lightning_log"] = lambda d, c: lit(d, c, True)
-        variants["lightning_log_bar"] = lambda d, c: lit(d, c, True, True)
-        variants["lightning_ema"] = lambda d, c: lit(d, c, False, ema=True)
+        variants["lightning"] = lambda d, c, clock=None: lit(d, c, False, clock=clock)
+        variants["lightning_log"] = lambda d, c, clock=None: lit(d, c, True, clock=clock)
+        variants["lightning_log_bar"] = lambda d, c, clock=None: lit(d, c, True, True, clock=clock)
+        variants["lightning_ema"] = lambda d, c, clock=None: lit(d, c, False, ema=True, clock=clock)
     return variants
 
 
 # --- measurement -----------------------------------------------------------------------------------------
-def measure(cfg: Config, variants: dict[str, Callable[[TensorDataset, Config], Run]]) -> dict[str, list[Run]]:
+def measure(cfg: Config, variants: dict[str, Runner]) -> dict[str, list[Run]]:
     """One discarded warm-up round, then `cfg.rounds` rounds; round r starts at variant r (rotated order)."""
     dataset = make_data(cfg)
     names = list(variants)

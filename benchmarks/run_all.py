@@ -75,6 +75,9 @@ def run_suite(benches: list[Benchmark], quick: bool, results_dir: Path, jobs: in
         if not bench.present:
             runs[bench.name] = {"status": f"not run (benchmarks/{bench.script} is not there yet)", "seconds": 0}
             continue
+        if bench.missing_tools:
+            runs[bench.name] = {"status": f"not run (needs {', '.join(bench.missing_tools)})", "seconds": 0}
+            continue
         if bench.needs_cuda:
             has_cuda = cuda_available() if has_cuda is None else has_cuda
             if not has_cuda:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from shutil import which
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"  # git-ignored: every run writes here
@@ -26,6 +27,7 @@ class Benchmark:
     full_args: tuple[str, ...] = ()  # `make bench` (sized to keep the whole suite within 15 minutes on 2 cores)
     quick_args: tuple[str, ...] = ("--quick",)  # `--quick` (the whole suite within 3 minutes; CI runs it)
     needs_cuda: bool = False
+    needs_tools: tuple[str, ...] = ()  # programs it runs (valgrind, cc): without them it is "not run"
     timeout_s: int = 900  # per run; a hung benchmark fails instead of stalling the suite
     details: str = ""  # where the feature's own docs say more, relative to docs/
 
@@ -36,6 +38,10 @@ class Benchmark:
     @property
     def present(self) -> bool:
         return self.path.is_file()
+
+    @property
+    def missing_tools(self) -> list[str]:
+        return [tool for tool in self.needs_tools if which(tool) is None]
 
     def args(self, quick: bool) -> tuple[str, ...]:
         return self.quick_args if quick else self.full_args
@@ -52,6 +58,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("overhead", "overhead.py", "Per-step overhead against a raw PyTorch loop",
               "≤ 1.01x raw without logging, ≤ 1.03x with `self.log` every step, ≤ 1.05x with log + progress bar",
               quick_args=("--quick", "--rounds", "1", "--samples", "3200")),
+    Benchmark("instructions", "instructions.py", "Instructions per step against a raw PyTorch loop (callgrind)", "",
+              quick_args=("--quick",), needs_tools=("valgrind", "cc")),
     Benchmark("agreement", "agreement.py", "Per-step agreement across ranks", "cost ≤ 1 % of the step time",
               details="reliability.md"),
     Benchmark("checkpoint", "checkpoint.py", "Checkpoint save and load",

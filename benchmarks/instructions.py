@@ -1,0 +1,200 @@
+"""Instructions per training step, counted by valgrind's callgrind: the per-step overhead without the noise.
+
+`overhead.py` times the same workload, and on a shared 2-core machine its rounds swing by more than the
+framework's cost (a raw step measured 550-1,000 µs on different days). An instruction count does not move with
+the machine's load: the same code on the same data executes the same instructions, so the ratio to the raw loop
+repeats to a fraction of a percent and a change of a few function calls per step shows.
+
+It is not a time. Python bytecode retires fewer instructions per cycle than torch's kernels, so the framework's
+share of the wall time is larger than its share of the instructions; `overhead.py` stays the measure of the
+targets, and this benchmark is the one to compare two versions of the loop with.
+
+Each variant of `overhead.py` (the same model, data, loader and per-step stamp) runs in a child process under
+`valgrind --tool=callgrind --instr-atstart=no`. Nothing is instrumented while Python starts and imports; the
+child switches instrumentation on at its first counted step and off after its last, through the client requests
+of `callgrind_marks.c` (compiled here with `cc`), so valgrind's "Collected" total is exactly those steps.
+Children run two at a time: counts do not depend on what runs beside them.
+
+    .venv/bin/python benchmarks/instructions.py            # raw, ours x 3, Lightning (about 3.5 minutes)
+    .venv/bin/python benchmarks/instructions.py --quick    # raw and ours only (about 1 minute)
+
+Needs valgrind, its headers (`valgrind/callgrind.h`) and a C compiler; the suite shows it as not run without them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE / "results" / "instructions.json"
+ALL_VARIANTS = ("raw", "ours", "ours_log", "ours_log_bar", "lightning", "lightning_log", "lightning_log_bar")
+FULL_VARIANTS = ALL_VARIANTS[:5]  # Lightning's logging rows take 1.5 minutes each: `--variants all` adds them
+QUICK_VARIANTS = ("raw", "ours")
+_COLLECTED = re.compile(r"Collected\s*:\s*([\d,]+)")
+
+
+def missing_tools() -> list[str]:
+    """What this machine lacks to run the benchmark (empty when it can)."""
+    missing = [tool for tool in ("valgrind", "cc") if shutil.which(tool) is None]
+    if not any(Path(d, "valgrind", "callgrind.h").is_file() for d in ("/usr/include", "/usr/local/include")):
+        missing.append("valgrind/callgrind.h (the valgrind headers, e.g. the valgrind-dev package)")
+    return missing
+
+
+def build_marks(folder: Path) -> Path:
+    """Compile callgrind_marks.c into a shared library in `folder`."""
+    lib = folder / "libcallgrind_marks.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", str(lib), str(HERE / "callgrind_marks.c")], check=True)
+    return lib
+
+
+# --- the child: one variant, instrumented only over its counted steps --------------------------------------
+def run_child(variant: str, warmup: int, steps: int, lib_path: str) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    import overhead
+    from common import StepClock
+
+    marks = ctypes.CDLL(lib_path)
+    if not marks.marks_on_valgrind():
+        raise SystemExit("--child runs under valgrind (the parent starts it so)")
+
+    class MarkingClock(StepClock):
+        """Stamps like every variant's clock; instrumentation is on from stamp `warmup` to stamp `warmup + steps`."""
+
+        def tick(self) -> None:
+            super().tick()
+            if len(self.wall) == warmup:
+                marks.marks_start()
+            elif len(self.wall) == warmup + steps:
+                marks.marks_stop()
+
+    cfg = overhead.Config(samples=64 * (warmup + steps + 1), epochs=1, rounds=1)
+    dataset = overhead.make_data(cfg)
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)  # torch imports torch._dynamo at the first one
+    runner = overhead.build_variants(with_lightning=variant.startswith("lightning"))[variant]
+    clock = MarkingClock()
+    runner(dataset, cfg, clock=clock)
+    if len(clock.wall) < warmup + steps:
+        raise SystemExit(f"{variant}: {len(clock.wall)} steps ran, {warmup + steps} needed")
+
+
+# --- the parent ----------------------------------------------------------------------------------------------
+def count(variant: str, warmup: int, steps: int, lib: Path, folder: Path) -> float:
+    """Instructions per step of `variant`, from one child under callgrind."""
+    log = folder / f"{variant}.valgrind.log"
+    cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={folder / variant}.out",
+           f"--log-file={log}", sys.executable, str(Path(__file__).resolve()), "--child", variant,
+           "--warmup", str(warmup), "--steps", str(steps), "--lib", str(lib)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(), timeout=1200)
+    text = log.read_text() if log.is_file() else ""
+    found = _COLLECTED.search(text)
+    if done.returncode != 0 or found is None:
+        raise RuntimeError(f"{variant}: the child under valgrind failed (exit {done.returncode}):\n"
+                           f"{done.stderr[-3000:]}\n{text[-2000:]}")
+    return int(found.group(1).replace(",", "")) / steps
+
+
+def _child_env() -> dict[str, str]:
+    repo = str(HERE.parent)
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{repo}:{path}" if path else repo}
+
+
+def measure(variants: tuple[str, ...], warmup: int, steps: int, jobs: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="instructions-") as tmp:
+        folder = Path(tmp)
+        lib = build_marks(folder)
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            counts = pool.map(lambda v: count(v, warmup, steps, lib, folder), variants)
+            return dict(zip(variants, counts, strict=True))
+
+
+def figures_for(per_step: dict[str, float]) -> list[dict[str, Any]]:
+    from common import figure
+    from overhead import LABELS
+
+    raw = per_step["raw"]
+    out = [figure("raw", LABELS["raw"], [raw], "instructions/step", role="baseline")]
+    for name, value in per_step.items():
+        if name == "raw":
+            continue
+        role = "lightning" if name.startswith("lightning") else "ours"
+        out.append(figure(name, LABELS[name], [value], "instructions/step", role=role, baseline="raw",
+                          ratios=[value / raw], deltas=[value - raw]))
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="raw and ours only, fewer steps (about 1 minute)")
+    parser.add_argument("--steps", type=int, default=None, help="steps counted (default 200, quick 20)")
+    parser.add_argument("--warmup", type=int, default=None, help="steps run before counting (default 50, quick 10)")
+    parser.add_argument("--variants", default=None,
+                        help=f"comma-separated, or 'all' (default {','.join(FULL_VARIANTS)}; quick: raw,ours); "
+                             f"known: {','.join(ALL_VARIANTS)}")
+    parser.add_argument("--no-lightning", action="store_true", help="skip Lightning even when it is installed")
+    parser.add_argument("--jobs", type=int, default=2, help="children at once (counts do not depend on it)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results file (default {DEFAULT_OUT})")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--lib", default=None, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    steps = args.steps or (20 if args.quick else 200)
+    warmup = args.warmup or (10 if args.quick else 50)
+    if args.child:
+        run_child(args.child, warmup, steps, args.lib)
+        return 0
+    missing = missing_tools()
+    if missing:
+        print(f"instructions.py needs {', '.join(missing)}", file=sys.stderr)
+        return 2
+    from common import lightning_version, machine_info, write_result
+    from tables import figures_table
+
+    variants = _chosen(args.variants, args.quick)
+    if args.no_lightning or lightning_version() is None:
+        variants = tuple(v for v in variants if not v.startswith("lightning"))
+    started = time.perf_counter()
+    per_step = measure(variants, warmup, steps, max(1, args.jobs))
+    figures = figures_for(per_step)
+    config = {"warmup_steps": warmup, "counted_steps": steps, "variants": list(variants), "batch_size": 64,
+              "model": "MLP 32-64-64-1, SGD, 1 thread (overhead.py's workload)", "tool": "valgrind --tool=callgrind"}
+    write_result(args.out, "instructions", figures, mode="quick" if args.quick else "full", config=config,
+                 elapsed_s=time.perf_counter() - started,
+                 machine=machine_info(lightning=lightning_version(), valgrind=_valgrind_version()))
+    print(figures_table(figures))
+    return 0
+
+
+def _chosen(spec: str | None, quick: bool) -> tuple[str, ...]:
+    if not spec:
+        return QUICK_VARIANTS if quick else FULL_VARIANTS
+    names = ALL_VARIANTS if spec == "all" else tuple(n.strip() for n in spec.split(",") if n.strip())
+    unknown = [n for n in names if n not in ALL_VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(ALL_VARIANTS)}")
+    return names if "raw" in names else ("raw", *names)  # every ratio is to the raw loop
+
+
+def _valgrind_version() -> str:
+    return subprocess.run(["valgrind", "--version"], capture_output=True, text=True).stdout.strip()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
