@@ -15,8 +15,9 @@ child switches instrumentation on at its first counted step and off after its la
 of `callgrind_marks.c` (compiled here with `cc`), so valgrind's "Collected" total is exactly those steps.
 Children run two at a time: counts do not depend on what runs beside them.
 
-    .venv/bin/python benchmarks/instructions.py            # raw, ours x 3, Lightning (about 3.5 minutes)
+    .venv/bin/python benchmarks/instructions.py            # raw, the hook contract alone, ours, Lightning (3 minutes)
     .venv/bin/python benchmarks/instructions.py --quick    # raw and ours only (about 1 minute)
+    .venv/bin/python benchmarks/instructions.py --variants all   # adds self.log, the progress bar, Lightning's logging
 
 Needs valgrind, its headers (`valgrind/callgrind.h`) and a C compiler; the suite shows it as not run without them.
 """
@@ -38,8 +39,9 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "instructions.json"
-ALL_VARIANTS = ("raw", "ours", "ours_log", "ours_log_bar", "lightning", "lightning_log", "lightning_log_bar")
-FULL_VARIANTS = ALL_VARIANTS[:5]  # Lightning's logging rows take 1.5 minutes each: `--variants all` adds them
+ALL_VARIANTS = ("raw", "floor", "ours", "ours_log", "ours_log_bar", "lightning", "lightning_log", "lightning_log_bar")
+# Two children at a time, about a minute each (Lightning's 1.5): four keep `make bench` within its 15 minutes.
+FULL_VARIANTS = ("raw", "floor", "ours", "lightning")
 QUICK_VARIANTS = ("raw", "ours")
 _COLLECTED = re.compile(r"Collected\s*:\s*([\d,]+)")
 
@@ -131,7 +133,7 @@ def figures_for(per_step: dict[str, float]) -> list[dict[str, Any]]:
     for name, value in per_step.items():
         if name == "raw":
             continue
-        role = "lightning" if name.startswith("lightning") else "ours"
+        role = "reference" if name == "floor" else "lightning" if name.startswith("lightning") else "ours"
         out.append(figure(name, LABELS[name], [value], "instructions/step", role=role, baseline="raw",
                           ratios=[value / raw], deltas=[value - raw]))
     return out

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 from common import StepClock, figure, lightning_version, machine_info, quartiles, steady_intervals, write_result
+from contract_floor import run_contract_floor
 from profiling import profile_top
 from tables import figures_table
 from torch import Tensor, nn
@@ -55,6 +56,7 @@ TARGETS: dict[str, float] = {"ours": 1.01, "ours_log": 1.03, "ours_log_bar": 1.0
 
 LABELS: dict[str, str] = {
     "raw": "raw torch loop",
+    "floor": "the hook contract alone (reference: contract_floor.py)",
     "ours": "ours (Trainer)",
     "ours_log": "ours + self.log every step",
     "ours_log_bar": "ours + self.log + progress bar",
@@ -269,6 +271,7 @@ def build_variants(with_lightning: bool) -> dict[str, Runner]:
     """Name → runner, in table order."""
     variants: dict[str, Runner] = {
         "raw": run_raw,
+        "floor": run_contract_floor,
         "ours": lambda d, c, clock=None: run_ours(d, c, False, clock=clock),
         "ours_log": lambda d, c, clock=None: run_ours(d, c, True, clock=clock),
         "ours_log_bar": lambda d, c, clock=None: run_ours(d, c, True, bar=True, clock=clock),
@@ -343,7 +346,8 @@ def figures(results: list[VariantResult]) -> list[dict[str, Any]]:
     """The result file's figures: µs/step over rounds (each round's median), ratios paired per round."""
     out = []
     for r in results:
-        role = "baseline" if r.name == "raw" else "lightning" if r.name.startswith("lightning") else "ours"
+        role = {"raw": "baseline", "floor": "reference"}.get(r.name, "lightning" if r.name.startswith("lightning")
+                                                            else "ours")
         out.append(figure(
             r.name, r.label, r.round_median_us, "µs/step", role=role,
             baseline=None if r.name == "raw" else "raw",
