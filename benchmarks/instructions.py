@@ -9,11 +9,12 @@ It is not a time. Python bytecode retires fewer instructions per cycle than torc
 share of the wall time is larger than its share of the instructions; `overhead.py` stays the measure of the
 targets, and this benchmark is the one to compare two versions of the loop with.
 
-Each variant of `overhead.py` (the same model, data, loader and per-step stamp) runs in a child process under
-`valgrind --tool=callgrind --instr-atstart=no`. Nothing is instrumented while Python starts and imports; the
-child switches instrumentation on at its first counted step and off after its last, through the client requests
-of `callgrind_marks.c` (compiled here with `cc`), so valgrind's "Collected" total is exactly those steps.
-Children run two at a time: counts do not depend on what runs beside them.
+The variants of `overhead.py` (the same model, data, loader and per-step stamp) run one after another in one
+child process under `valgrind --tool=callgrind --instr-atstart=no`. Nothing is instrumented while Python starts
+and imports (under valgrind that alone takes about 30 s, so one child pays it once). For each variant the child
+switches instrumentation on at its first counted step and off after its last, through the client requests of
+`callgrind_marks.c` (compiled here with `cc`), and callgrind writes the counts of exactly those steps to a dump
+of their own.
 
     .venv/bin/python benchmarks/instructions.py            # raw, the hook contract alone, ours, Lightning (3 minutes)
     .venv/bin/python benchmarks/instructions.py --quick    # raw and ours only (about 1 minute)
@@ -33,7 +34,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,7 @@ ALL_VARIANTS = ("raw", "floor", "ours", "ours_log", "ours_log_bar", "lightning",
 # Two children at a time, about a minute each (Lightning's 1.5): four keep `make bench` within its 15 minutes.
 FULL_VARIANTS = ("raw", "floor", "ours", "lightning")
 QUICK_VARIANTS = ("raw", "ours")
-_COLLECTED = re.compile(r"Collected\s*:\s*([\d,]+)")
+_DUMP = re.compile(r"^desc: Trigger: Client Request: (\w+)$.*?^totals: (\d+)$", re.MULTILINE | re.DOTALL)
 
 
 def missing_tools() -> list[str]:
@@ -61,8 +61,8 @@ def build_marks(folder: Path) -> Path:
     return lib
 
 
-# --- the child: one variant, instrumented only over its counted steps --------------------------------------
-def run_child(variant: str, warmup: int, steps: int, lib_path: str) -> None:
+# --- the child: every variant in turn, each instrumented only over its counted steps --------------------------
+def run_child(variants: list[str], warmup: int, steps: int, lib_path: str) -> None:
     import torch
 
     torch.set_num_threads(1)
@@ -76,37 +76,44 @@ def run_child(variant: str, warmup: int, steps: int, lib_path: str) -> None:
     class MarkingClock(StepClock):
         """Stamps like every variant's clock; instrumentation is on from stamp `warmup` to stamp `warmup + steps`."""
 
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name.encode()
+
         def tick(self) -> None:
             super().tick()
             if len(self.wall) == warmup:
                 marks.marks_start()
             elif len(self.wall) == warmup + steps:
-                marks.marks_stop()
+                marks.marks_stop(self.name)
 
     cfg = overhead.Config(samples=64 * (warmup + steps + 1), epochs=1, rounds=1)
     dataset = overhead.make_data(cfg)
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)  # torch imports torch._dynamo at the first one
-    runner = overhead.build_variants(with_lightning=variant.startswith("lightning"))[variant]
-    clock = MarkingClock()
-    runner(dataset, cfg, clock=clock)
-    if len(clock.wall) < warmup + steps:
-        raise SystemExit(f"{variant}: {len(clock.wall)} steps ran, {warmup + steps} needed")
+    runners = overhead.build_variants(with_lightning=any(v.startswith("lightning") for v in variants))
+    for variant in variants:
+        clock = MarkingClock(variant)
+        runners[variant](dataset, cfg, clock=clock)
+        if len(clock.wall) < warmup + steps:
+            raise SystemExit(f"{variant}: {len(clock.wall)} steps ran, {warmup + steps} needed")
 
 
 # --- the parent ----------------------------------------------------------------------------------------------
-def count(variant: str, warmup: int, steps: int, lib: Path, folder: Path) -> float:
-    """Instructions per step of `variant`, from one child under callgrind."""
-    log = folder / f"{variant}.valgrind.log"
-    cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={folder / variant}.out",
-           f"--log-file={log}", sys.executable, str(Path(__file__).resolve()), "--child", variant,
-           "--warmup", str(warmup), "--steps", str(steps), "--lib", str(lib)]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(), timeout=1200)
-    text = log.read_text() if log.is_file() else ""
-    found = _COLLECTED.search(text)
-    if done.returncode != 0 or found is None:
-        raise RuntimeError(f"{variant}: the child under valgrind failed (exit {done.returncode}):\n"
+def count(variants: tuple[str, ...], warmup: int, steps: int, lib: Path, folder: Path) -> dict[str, float]:
+    """Instructions per step of each variant, from one child under callgrind (one dump per variant)."""
+    out, log = folder / "callgrind.out", folder / "valgrind.log"
+    cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", f"--log-file={log}",
+           sys.executable, str(Path(__file__).resolve()), "--child", ",".join(variants), "--warmup", str(warmup),
+           "--steps", str(steps), "--lib", str(lib)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(), timeout=1800)
+    counts = {name: int(total) / steps for dump in sorted(folder.glob("callgrind.out.*"))
+              for name, total in _DUMP.findall(dump.read_text(errors="replace"))}
+    missing = [v for v in variants if v not in counts]
+    if done.returncode != 0 or missing:
+        text = log.read_text() if log.is_file() else ""
+        raise RuntimeError(f"the child under valgrind failed (exit {done.returncode}; no count for {missing}):\n"
                            f"{done.stderr[-3000:]}\n{text[-2000:]}")
-    return int(found.group(1).replace(",", "")) / steps
+    return {v: counts[v] for v in variants}
 
 
 def _child_env() -> dict[str, str]:
@@ -115,13 +122,10 @@ def _child_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{repo}:{path}" if path else repo}
 
 
-def measure(variants: tuple[str, ...], warmup: int, steps: int, jobs: int) -> dict[str, float]:
+def measure(variants: tuple[str, ...], warmup: int, steps: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="instructions-") as tmp:
         folder = Path(tmp)
-        lib = build_marks(folder)
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            counts = pool.map(lambda v: count(v, warmup, steps, lib, folder), variants)
-            return dict(zip(variants, counts, strict=True))
+        return count(variants, warmup, steps, build_marks(folder), folder)
 
 
 def figures_for(per_step: dict[str, float]) -> list[dict[str, Any]]:
@@ -143,12 +147,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="raw and ours only, fewer steps (about 1 minute)")
     parser.add_argument("--steps", type=int, default=None, help="steps counted (default 200, quick 20)")
-    parser.add_argument("--warmup", type=int, default=None, help="steps run before counting (default 50, quick 10)")
+    parser.add_argument("--warmup", type=int, default=None, help="steps run before counting (default 50)")
     parser.add_argument("--variants", default=None,
                         help=f"comma-separated, or 'all' (default {','.join(FULL_VARIANTS)}; quick: raw,ours); "
                              f"known: {','.join(ALL_VARIANTS)}")
     parser.add_argument("--no-lightning", action="store_true", help="skip Lightning even when it is installed")
-    parser.add_argument("--jobs", type=int, default=2, help="children at once (counts do not depend on it)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results file (default {DEFAULT_OUT})")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--lib", default=None, help=argparse.SUPPRESS)
@@ -158,9 +161,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     steps = args.steps or (20 if args.quick else 200)
-    warmup = args.warmup or (10 if args.quick else 50)
+    warmup = args.warmup or 50  # fewer leave the first variant in a process still warming up (counted: +3 % at 10)
     if args.child:
-        run_child(args.child, warmup, steps, args.lib)
+        run_child(args.child.split(","), warmup, steps, args.lib)
         return 0
     missing = missing_tools()
     if missing:
@@ -173,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_lightning or lightning_version() is None:
         variants = tuple(v for v in variants if not v.startswith("lightning"))
     started = time.perf_counter()
-    per_step = measure(variants, warmup, steps, max(1, args.jobs))
+    per_step = measure(variants, warmup, steps)
     figures = figures_for(per_step)
     config = {"warmup_steps": warmup, "counted_steps": steps, "variants": list(variants), "batch_size": 64,
               "model": "MLP 32-64-64-1, SGD, 1 thread (overhead.py's workload)", "tool": "valgrind --tool=callgrind"}
