@@ -5,8 +5,9 @@ framework's cost (a raw step measured 550-1,000 µs on different days). An instr
 the machine's load: the same code on the same data executes the same instructions, so the ratio to the raw loop
 repeats to a fraction of a percent and a change of a few function calls per step shows.
 
-It is not a time. Python bytecode retires fewer instructions per cycle than torch's kernels, so the framework's
-share of the wall time is larger than its share of the instructions; `overhead.py` stays the measure of the
+It is not a time. Python bytecode costs more cycles per instruction than torch's work in the raw step (the
+interpreter's jumps between bytecodes mispredict; docs/benchmarks.md), so the framework's share of the wall time is
+larger than its share of the instructions; `overhead.py` stays the measure of the
 targets, and this benchmark is the one to compare two versions of the loop with.
 
 The variants of `overhead.py` (the same model, data, loader and per-step stamp) run one after another in one
@@ -40,7 +41,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "instructions.json"
 ALL_VARIANTS = ("raw", "floor", "ours", "ours_log", "ours_log_bar", "lightning", "lightning_log", "lightning_log_bar")
-# Two children at a time, about a minute each (Lightning's 1.5): four keep `make bench` within its 15 minutes.
+# One child pays valgrind's start (30 s) and Lightning's import once, then 20-40 s a variant: four keep `make bench`
+# within its 15 minutes.
 FULL_VARIANTS = ("raw", "floor", "ours", "lightning")
 QUICK_VARIANTS = ("raw", "ours")
 _DUMP = re.compile(r"^desc: Trigger: Client Request: (\w+)$.*?^totals: (\d+)$", re.MULTILINE | re.DOTALL)
