@@ -1,5 +1,6 @@
 """Moving a (nested) batch to a device: the default of `Strategy.batch_to_device` and of the module's
-`transfer_batch_to_device`, also used to bring predictions back to the host."""
+`transfer_batch_to_device`, also used to bring predictions back to the host. And whether a module is already on a
+device, so that set-up can skip moving it."""
 
 from __future__ import annotations
 
@@ -38,3 +39,9 @@ def move_to_device(batch: Any, device: torch.device) -> Any:
     if callable(to) and not isinstance(batch, nn.Module):
         return to(device)
     return batch
+
+
+def module_on(module: nn.Module, device: torch.device) -> bool:
+    """Whether every parameter and buffer of `module` is already on `device` (then `module.to(device)` changes
+    nothing, but still walks and re-assigns every tensor)."""
+    return all(t.device == device for t in module.parameters()) and all(t.device == device for t in module.buffers())

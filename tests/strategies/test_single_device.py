@@ -11,6 +11,7 @@ from torch import nn
 
 from strategies import STRATEGY_REGISTRY, Precision, SingleDeviceStrategy, Strategy
 from strategies.base import _StepRouter, move_to_device
+from strategies.device_move import module_on
 from strategies.devices import resolve_devices
 from strategies.exceptions import ConfigError
 from strategies.precision import canonical_precision, precision_from_flag
@@ -127,3 +128,36 @@ def test_module_moves_to_the_strategy_device():
     module = nn.Linear(2, 2)
     strategy.setup_module(module)
     assert next(strategy.module.parameters()).device.type == "cpu"
+
+
+def test_a_module_already_on_the_device_is_not_walked_by_to(monkeypatch: pytest.MonkeyPatch):
+    moved: list[nn.Module] = []
+    original = nn.Module.to
+
+    def counting(self: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
+        moved.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(nn.Module, "to", counting)
+    module = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    SingleDeviceStrategy("cpu").setup_module(module)
+    assert moved == []
+
+
+def test_a_module_that_overrides_to_is_always_moved_through_it():
+    class Tracking(nn.Linear):
+        def to(self, *args: Any, **kwargs: Any) -> nn.Module:
+            self.moved_to = args
+            return super().to(*args, **kwargs)
+
+    module = Tracking(2, 2)
+    SingleDeviceStrategy("cpu").setup_module(module)
+    assert module.moved_to == (torch.device("cpu"),)
+
+
+def test_module_on_looks_at_parameters_and_buffers():
+    module = nn.BatchNorm1d(2)
+    assert module_on(module, torch.device("cpu"))
+    module.register_buffer("elsewhere", torch.empty(1, device="meta"))
+    assert not module_on(module, torch.device("cpu"))
+    assert not module_on(nn.Linear(2, 2, device="meta"), torch.device("cpu"))

@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from tests.helpers.boring import BoringModel
+from tests.helpers.boring import QUIET, BoringModel
+from trainer import Trainer
 from trainer.step_returns import training_step_may_skip
 
 
@@ -125,3 +126,16 @@ def test_a_step_without_readable_source_counts_as_one_that_can_skip():
     exec("def training_step(self, batch, batch_idx):\n    return self.layer(batch).sum()\n", namespace)
     model = type("Generated", (BoringModel,), {"training_step": namespace["training_step"]})()
     assert training_step_may_skip(model)
+
+
+def test_one_process_does_not_read_the_step_source(monkeypatch: pytest.MonkeyPatch):
+    # The reading only shapes the agreement between ranks; a single-process fit has none and skips its cost.
+    import trainer.run_start
+
+    def refuse(module):
+        raise AssertionError("training_step's source was read on one process")
+
+    monkeypatch.setattr(trainer.run_start, "training_step_may_skip", refuse)
+    fitted = Trainer(max_steps=2, **QUIET)
+    fitted.fit(ExplicitNone())
+    assert fitted.global_step == 2
