@@ -4,6 +4,8 @@ loaders only, where the step and its batch hooks must take it. The signatures ar
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any
 
 import pytest
@@ -105,3 +107,35 @@ def test_signatures_are_read_once_per_run_not_per_step(monkeypatch: pytest.Monke
     monkeypatch.setattr(step_signature, "takes_batch_idx", counting)
     Trainer(max_epochs=2, **QUIET).fit(BoringModel())  # 16 training and 18 validation steps
     assert sorted(reads) == sorted(step_signature.STEP_NAMES)
+
+
+class Shapes:
+    """Step signatures of every shape, to compare the code-object reading with inspect's."""
+
+    def batch_only(self, batch): ...
+    def with_idx(self, batch, batch_idx): ...
+    def star_args(self, *args): ...
+    def keyword_only_idx(self, batch, *, batch_idx=0): ...
+    def positional_only(self, batch, /, idx): ...
+    def with_loader_idx(self, batch, idx, dataloader_idx=0): ...
+    def star_kwargs(self, batch, **kwargs): ...
+
+    @staticmethod
+    def static(batch, batch_idx): ...
+
+    @functools.wraps(batch_only)
+    def wrapped(self, *args, **kwargs): ...
+
+
+class WithSignature:
+    __signature__ = inspect.Signature([inspect.Parameter("batch", inspect.Parameter.POSITIONAL_OR_KEYWORD)])
+
+    def __call__(self, batch, batch_idx): ...
+
+
+@pytest.mark.parametrize("fn", [*(getattr(Shapes(), name) for name in vars(Shapes) if not name.startswith("_")),
+                                functools.partial(Shapes.with_idx, Shapes()), WithSignature()],
+                         ids=lambda fn: getattr(fn, "__name__", type(fn).__name__))
+def test_the_fast_reading_agrees_with_getfullargspec(fn: Any):
+    spec = inspect.getfullargspec(getattr(fn, "__wrapped__", fn))
+    assert step_signature._positional(fn) == (spec.args, spec.varargs is not None)
