@@ -113,7 +113,7 @@ def _start_epoch(loop: FitState, loader: Any) -> tuple[Any, int]:
 def _train_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> bool:
     """One batch with its hooks, logging and an agreed stop; False when on_train_batch_start returned -1."""
     progress, results, metrics, position = loop.progress, loop.train_results, loop.metrics, loop.position
-    position.set(Phase.BATCH_STARTED)
+    position.phase = Phase.BATCH_STARTED
     progress.val_started = False
     metrics.train_batch_starts()
     batch = loop.to_device(batch, 0)
@@ -124,7 +124,7 @@ def _train_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> b
     outputs = step_fn(loop, batch, batch_idx, is_last)
     progress.epoch_batches += 1
     progress.total_batches += 1
-    position.set(Phase.BETWEEN_BATCHES)
+    position.phase = Phase.BETWEEN_BATCHES
     call_hook(loop, "on_train_batch_end", outputs, batch, batch_idx)
     stepped = not loop.automatic or loop.schedule.window_ends(batch_idx, is_last)
     metrics.step_end(results, stepped, progress.current_epoch, loop.schedule.should_stop)

@@ -149,7 +149,7 @@ class SchedulerStepper:
 
     @property
     def has_step_schedulers(self) -> bool:
-        return any(c.interval == "step" for c in self.configs)
+        return bool(self.configs) and any(c.interval == "step" for c in self.configs)  # per step: cheap when none
 
     def step(self, interval: str, count: int, metrics: Mapping[str, Any]) -> None:
         """Step schedulers of `interval` that are due at `count` (optimizer steps or finished epochs)."""

@@ -97,7 +97,7 @@ class TrainingClosure:
             results.current_fx = previous
         control.after_backward(loop)  # a NaN loss or differing metric names on any rank: every rank raises here
         loop.window_has_loss = True
-        loop.position.set(Phase.STEP_PENDING if self.is_last_micro else Phase.BACKWARD_DONE)
+        loop.position.phase = Phase.STEP_PENDING if self.is_last_micro else Phase.BACKWARD_DONE
         call_hook(loop, "on_after_backward")
         return loss.detach()
 
@@ -135,7 +135,7 @@ def step_window(loop: FitState, batch_idx: int, closure: TrainingClosure | Resto
     progress = loop.progress
     if loop.step_taken and loop.scheduler_stepper.has_step_schedulers:
         loop.scheduler_stepper.step("step", progress.global_step + 1, loop.metrics.callback_metrics)
-    loop.position.set(Phase.STEPPED)
+    loop.position.phase = Phase.STEPPED
     progress.global_step += 1
     loop.window_has_loss = False
 
@@ -152,7 +152,7 @@ def after_closure(loop: FitState, optimizer: Optimizer) -> None:
         return
     if not loop.window_has_loss:
         return
-    loop.position.set(Phase.STEP_PENDING)  # also when this batch was skipped but the window has gradients
+    loop.position.phase = Phase.STEP_PENDING  # also when this batch was skipped but the window has gradients
     loop.strategy.unscale_gradients(optimizer)
     call_hook(loop, "on_before_optimizer_step", optimizer)
     if loop.custom_clipping:
@@ -170,7 +170,7 @@ def after_step(loop: FitState, optimizer: Optimizer, stepped: bool) -> None:
         loop.step_taken = loop.step_taken or stepped
         return
     loop.progress.global_step += 1
-    loop.position.set(Phase.MANUAL_STEPPED)
+    loop.position.phase = Phase.MANUAL_STEPPED
 
 
 _AUTOMATIC_ONLY = ("optimizer_step", "optimizer_zero_grad", "configure_gradient_clipping")

@@ -72,9 +72,6 @@ class LoopPosition:
         """
         self.batch_start = {"rng": torch_rng(), "sampler": dict(sampler.epoch_state) if sampler is not None else {}}
 
-    def set(self, phase: Phase) -> None:
-        self.phase = phase
-
     def validation_started(self, rng: dict[str, Any]) -> None:
         self.phase, self.validation_rng = Phase.VALIDATING, rng
 

@@ -176,7 +176,7 @@ def open_epoch(loop: FitState, loader: Any) -> tuple[Any, int]:
 
         loop.strategy.precision.prepare_resumed_step(loop.optimizers[0])
         step_window(loop, point.batches_done - 1, RestoredGradients())
-        position.set(Phase.BETWEEN_BATCHES)
+        position.phase = Phase.BETWEEN_BATCHES
     if point.batches_done == loop.schedule.num_training_batches and data.runs_out(loader, point.batches_done):
         data.run_out(iterator)  # the epoch's batches were all read: finish the iterator as the loop did
     return iterator, point.batches_done

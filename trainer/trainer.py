@@ -350,7 +350,7 @@ class Trainer(TrainerProperties):
         loop.user_optimizers = optimizer_path.wrap_optimizers(loop, setup.optimizers)
         loop.custom_clipping = is_overridden(model, "configure_gradient_clipping", TrainModule)
         loop.progress.settle()  # a second fit() keeps the counters, as in Lightning
-        loop.position.set(Phase.BETWEEN_BATCHES)
+        loop.position.phase = Phase.BETWEEN_BATCHES
         loop.resume_point = None
         if checkpoint is not None:
             ckpt.restore_training_state(loop, checkpoint, path)
