@@ -130,12 +130,20 @@ def raw_worker(rank: int, world_size: int, port: int, cfg: Config, out_file: str
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    clock = raw_loop(rank, world_size, cfg, StepClock())
+    if rank == 0:
+        Path(out_file).write_text(json.dumps({"wall": clock.wall, "cpu": clock.cpu,
+                                              "threads": torch.get_num_threads()}))
+    dist.destroy_process_group()
+
+
+def raw_loop(rank: int, world_size: int, cfg: Config, clock: StepClock) -> StepClock:
+    """The tutorial's training loop, in a process group already joined; `clock` ticks after every step."""
     dataset = make_data(cfg)
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed)
     loader = DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler)
     model = DistributedDataParallel(make_mlp(cfg))
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr)
-    clock = StepClock()
     model.train()
     for epoch in range(cfg.epochs):
         sampler.set_epoch(epoch)
@@ -145,10 +153,7 @@ def raw_worker(rank: int, world_size: int, port: int, cfg: Config, out_file: str
             loss.backward()
             optimizer.step()
             clock.tick()
-    if rank == 0:
-        Path(out_file).write_text(json.dumps({"wall": clock.wall, "cpu": clock.cpu,
-                                              "threads": torch.get_num_threads()}))
-    dist.destroy_process_group()
+    return clock
 
 
 def run_raw(cfg: Config) -> dict[str, Any]:

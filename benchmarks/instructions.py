@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
               "model": "MLP 32-64-64-1, SGD, 1 thread (overhead.py's workload)", "tool": "valgrind --tool=callgrind"}
     write_result(args.out, "instructions", figures, mode="quick" if args.quick else "full", config=config,
                  elapsed_s=time.perf_counter() - started,
-                 machine=machine_info(lightning=lightning_version(), valgrind=_valgrind_version()))
+                 machine=machine_info(lightning=lightning_version(), valgrind=valgrind_version()))
     print(figures_table(figures))
     return 0
 
@@ -200,7 +200,7 @@ def _chosen(spec: str | None, quick: bool) -> tuple[str, ...]:
     return names if "raw" in names else ("raw", *names)  # every ratio is to the raw loop
 
 
-def _valgrind_version() -> str:
+def valgrind_version() -> str:
     return subprocess.run(["valgrind", "--version"], capture_output=True, text=True).stdout.strip()
 
 

@@ -123,3 +123,16 @@ def test_a_new_section_goes_where_the_suite_puts_it():
     headings = [line for line in page.splitlines() if line.startswith("## ")]
     assert headings == ["## A", "## B", "## C", "## D", "## E"]
     assert "<!-- generated:b start -->\nnew b\n<!-- generated:b end -->" in page and "old" not in page
+
+
+def test_ddp_instructions_sums_rank_zeros_threads_per_step():
+    ddp_instructions = _load("ddp_instructions")
+    main = "desc: Trigger: Client Request: ours\nsummary: 600\ntotals: 600\n"
+    gloo = "desc: Trigger: Program termination\ntotals: 30\n"
+    counts = ddp_instructions.per_step([gloo, main, gloo, "desc: Trigger: Program termination\ntotals: 0\n"], 3)
+    assert counts == {"main": 200.0, "all": 220.0}
+    with pytest.raises(RuntimeError, match="found 0"):
+        ddp_instructions.per_step([gloo], 3)
+    figures = ddp_instructions.figures_for({"raw": {"main": 100.0, "all": 110.0}, "ours": counts})
+    assert [f["name"] for f in figures] == ["raw_all", "ours_all", "raw_main", "ours_main"]
+    assert figures[1]["ratio"] == 2.0 and figures[3]["ratio"] == 2.0 and figures[1]["delta"] == 110.0
