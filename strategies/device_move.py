@@ -46,6 +46,9 @@ def move_to_device(batch: Any, device: torch.device) -> Any:
 
 
 def module_on(module: nn.Module, device: torch.device) -> bool:
-    """Whether every parameter and buffer of `module` is already on `device` (then `module.to(device)` changes
-    nothing, but still walks and re-assigns every tensor)."""
-    return all(t.device == device for t in module.parameters()) and all(t.device == device for t in module.buffers())
+    """Whether `module.to(device)` would change nothing (it still walks and re-assigns every tensor): every parameter
+    and buffer is already on `device`, and no submodule has an `_apply` of its own, which may move more than those
+    (torchmetrics' metrics move their states in theirs)."""
+    return (all(type(m)._apply is nn.Module._apply for m in module.modules())
+            and all(t.device == device for t in module.parameters())
+            and all(t.device == device for t in module.buffers()))

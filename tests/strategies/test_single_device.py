@@ -161,3 +161,17 @@ def test_module_on_looks_at_parameters_and_buffers():
     module.register_buffer("elsewhere", torch.empty(1, device="meta"))
     assert not module_on(module, torch.device("cpu"))
     assert not module_on(nn.Linear(2, 2, device="meta"), torch.device("cpu"))
+
+
+def test_a_module_with_its_own_apply_is_always_moved():
+    class OwnApply(nn.Linear):
+        applied = 0
+
+        def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> nn.Module:
+            type(self).applied += 1
+            return super()._apply(fn, *args, **kwargs)
+
+    module = nn.Sequential(nn.Linear(2, 2), OwnApply(2, 2))
+    assert not module_on(module, torch.device("cpu"))
+    SingleDeviceStrategy("cpu").setup_module(module)
+    assert OwnApply.applied == 1
