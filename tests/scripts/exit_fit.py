@@ -86,8 +86,16 @@ def sum_at_exit(steps: int) -> None:
 
 
 def _sum_steps(steps: torch.Tensor) -> None:
+    import time
+
     import torch.distributed as dist
 
+    # The other ranks join the sum later, so that rank 0's sum cannot finish before its callback is attached: a future
+    # already done when `then` is called runs the callback at once on the main thread, and no gloo worker takes the
+    # GIL. On a loaded machine that happened on both ranks in about 1 of 6 amplified raw launches (the control then
+    # exited 0: CI, two runs at once on 2 cores), with the ranks arriving here together.
+    if dist.get_rank() > 0:
+        time.sleep(0.5)
     total = dist.all_reduce(steps, async_op=True).get_future()
     total.then(lambda done: done.value())
     total.wait()
