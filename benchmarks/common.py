@@ -28,6 +28,19 @@ FIGURE_KEYS = ("name", "label", "unit", "role", "better", "min", "median", "max"
 MACHINE_KEYS = ("cpu", "cores", "logical_cpus", "python", "torch", "platform", "git_commit", "load_average")
 # Who a figure belongs to: the docs colour plots by it and tell baselines from the framework's figures.
 Role = Literal["baseline", "ours", "lightning", "reference"]
+REPO = Path(__file__).resolve().parents[1]
+
+
+def child_env(*, cached_bytecode: bool = False, **extra: str) -> dict[str, str]:
+    """The environment of a benchmark's child process: this checkout first on PYTHONPATH (so the framework measured
+    is the one beside the scripts), plus `extra`. `cached_bytecode` drops PYTHONDONTWRITEBYTECODE (the development
+    sandbox sets it), so that imports are timed as a user's Python does them, from cached bytecode: with it set,
+    every module edited since its bytecode was last cached is compiled again in every child."""
+    path = os.environ.get("PYTHONPATH")
+    env = {**os.environ, "PYTHONPATH": str(REPO) + (os.pathsep + path if path else ""), **extra}
+    if cached_bytecode:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
 
 
 def cpu_name() -> str:

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import figure
+from common import child_env, figure
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "ddp_instructions.json"
@@ -99,10 +99,8 @@ def count(variant: str, warmup: int, steps: int, lib: Path, folder: Path) -> dic
     from strategies.distributed import find_free_port
 
     out = folder / f"{variant}.callgrind"
-    repo = str(HERE.parent)
-    path = repo + os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else repo
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(find_free_port()),
-           "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "PYTHONPATH": path}
+    env = child_env(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(find_free_port()), WORLD_SIZE="2",
+                    LOCAL_WORLD_SIZE="2")
     child = [sys.executable, str(Path(__file__).resolve()), "--rank-of", variant, "--warmup", str(warmup),
              "--steps", str(steps), "--lib", str(lib)]
     rank1 = subprocess.Popen(child, env={**env, "RANK": "1", "LOCAL_RANK": "1"}, stdout=subprocess.DEVNULL,

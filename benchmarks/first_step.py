@@ -29,7 +29,6 @@ STARTED = time.perf_counter()  # before any heavy import: the child's "from proc
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import os  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -37,7 +36,6 @@ import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "first_step.json"
 LABELS: dict[str, str] = {
     "raw": "raw torch loop",
@@ -118,12 +116,11 @@ def child(variant: str, root: str) -> dict[str, float]:
 
 # --- the parent: interleaved rounds ------------------------------------------------------------------------
 def run_child(variant: str, root: Path) -> dict[str, float]:
-    path = os.environ.get("PYTHONPATH")
-    env = {**os.environ, "PYTHONPATH": str(REPO) + (os.pathsep + path if path else ""), "OMP_NUM_THREADS": "1",
-           "PYTHONWARNINGS": "ignore"}
-    # A user's Python caches bytecode: without the cache every import inside the clock would compile its source
-    # (the development sandbox sets PYTHONDONTWRITEBYTECODE); the warm-up round writes it.
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    from common import child_env
+
+    # Bytecode cached as a user's Python caches it (the warm-up round writes it): else every import inside the
+    # clock could compile its source.
+    env = child_env(cached_bytecode=True, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     done = subprocess.run([sys.executable, __file__, "--child", variant, "--root", str(root)], capture_output=True,
                           text=True, cwd=root, env=env, timeout=300)
     if done.returncode != 0:

@@ -18,7 +18,6 @@ torch are what `import trainer` adds; the result file keeps, top-down, the frame
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -39,21 +38,19 @@ STATEMENTS: dict[str, str] = {
 CHILD = "import time; t = time.perf_counter(); {stmt}; print(repr(time.perf_counter() - t))"
 
 
-def child_env() -> dict[str, str]:
-    """This checkout first on the path, so the measured `trainer` is the one beside this script; bytecode cached
-    as a user's Python caches it (with PYTHONDONTWRITEBYTECODE set, every module edited since its last cached
-    bytecode was compiled again in every round: +0.2 s in one run; the warm-up round writes the cache)."""
-    path = os.environ.get("PYTHONPATH")
-    env = {**os.environ, "PYTHONPATH": str(REPO) + (os.pathsep + path if path else "")}
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    return env
+def _env() -> dict[str, str]:
+    """Bytecode cached as a user's Python caches it; the warm-up round writes the cache. (Without: +0.2 s in one run,
+    the modules edited since their last cached bytecode compiled again in every round.)"""
+    from common import child_env
+
+    return child_env(cached_bytecode=True)
 
 
 def time_import(stmt: str) -> tuple[float, float]:
     """(seconds inside the child for the import, wall seconds of the whole child process)."""
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", CHILD.format(stmt=stmt)], capture_output=True, text=True,
-                          cwd=REPO, env=child_env(), timeout=300)
+                          cwd=REPO, env=_env(), timeout=300)
     wall = time.perf_counter() - started
     if done.returncode != 0:
         raise RuntimeError(f"`{stmt}` failed:\n{done.stderr}")
@@ -85,7 +82,7 @@ def import_tree(share: float = 0.05) -> dict[str, Any]:
     """What `import trainer` imports beyond torch, top-down: the framework's modules taking at least `share`
     of that time, and the outside modules they import directly that do."""
     done = subprocess.run([sys.executable, "-X", "importtime", "-c", "import torch; import trainer"],
-                          capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=300)
+                          capture_output=True, text=True, cwd=REPO, env=_env(), timeout=300)
     rows = []  # (module, depth, self us, cumulative us), in the order Python logs them: children before parents
     for line in done.stderr.splitlines():
         if not line.startswith("import time:") or "self [us]" in line:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import os
 import re
 import shutil
 import subprocess
@@ -120,9 +119,9 @@ def count(variants: tuple[str, ...], warmup: int, steps: int, lib: Path, folder:
 
 
 def _child_env() -> dict[str, str]:
-    repo = str(HERE.parent)
-    path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{repo}:{path}" if path else repo}
+    from common import child_env
+
+    return child_env(OMP_NUM_THREADS="1")
 
 
 def measure(variants: tuple[str, ...], warmup: int, steps: int) -> dict[str, float]:

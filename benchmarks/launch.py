@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "launch.json"
 TARGET_S = 1.0  # ours minus raw; reported against, never asserted
 LABELS: dict[str, str] = {
@@ -101,10 +100,9 @@ def child(variant: str, out: str) -> None:
 # --- the parent: interleaved rounds ------------------------------------------------------------------------
 def run_child(variant: str) -> float:
     """Seconds from just before the launch until rank 0's first step."""
-    path = os.environ.get("PYTHONPATH")
-    env = {**os.environ, "PYTHONPATH": str(REPO) + (os.pathsep + path if path else ""), "OMP_NUM_THREADS": "1",
-           "PYTHONWARNINGS": "ignore"}
-    env.pop("PYTHONDONTWRITEBYTECODE", None)  # a user's Python caches bytecode (see first_step.py)
+    from common import child_env
+
+    env = child_env(cached_bytecode=True, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     with tempfile.TemporaryDirectory(prefix="launch-") as tmp:
         out = Path(tmp) / "first_step.txt"
         launched = time.time()
