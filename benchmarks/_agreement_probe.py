@@ -1,13 +1,17 @@
 """Times what a rank spends in the step agreement's own calls (benchmarks/agreement.py). Benchmark-only.
 
-Importing this module wraps the three control-plane entry points of strategies.distributed (a blocking round, the
-start of an overlapped one, and the wait for it) with a clock. Under `ddp_spawn` each rank imports it when it
-unpickles `AgreementTimer`, so the clock runs in the ranks; the callback's state brings rank 0's figures back.
+Importing this module wraps the control plane's entry points with a clock: in strategies.distributed a blocking
+round, the start of an overlapped one and the wait for it; on this machine's shared-memory board
+(strategies/agreement_board.py) a post and the wait for it. Under `ddp_spawn` each rank imports it when it unpickles
+`AgreementTimer`, so the clock runs in the ranks; the callback's state brings rank 0's figures back. With
+`NO_BOARD_VAR=1` in the environment the ranks open no board, so the overlapped round is a gloo all-reduce (as for
+ranks on several machines).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +20,9 @@ from common import StepClock
 
 from callbacks import Callback
 from strategies import distributed
+from strategies.agreement_board import AgreementBoard, PendingPost
+
+NO_BOARD_VAR = "AGREEMENT_PROBE_NO_BOARD"
 
 # Seconds inside the agreement's calls since the process started: all of them, and the waits for overlapped rounds.
 _SPENT = {"all": 0.0, "wait": 0.0}
@@ -40,6 +47,10 @@ if not hasattr(distributed.PendingMax.wait, "__wrapped__"):
     distributed.PendingMax.wait = _clocked(distributed.PendingMax.wait, wait=True)  # type: ignore[method-assign]
     distributed.start_all_reduce_max_ints = _clocked(distributed.start_all_reduce_max_ints)
     distributed.all_reduce_max_ints = _clocked(distributed.all_reduce_max_ints)
+    AgreementBoard.post = _clocked(AgreementBoard.post)  # type: ignore[method-assign]
+    PendingPost.wait = _clocked(PendingPost.wait, wait=True)  # type: ignore[method-assign]
+    if os.environ.get(NO_BOARD_VAR) == "1":
+        AgreementBoard.open = classmethod(lambda cls, *args: None)  # type: ignore[method-assign,assignment]
 
 
 class AgreementTimer(Callback):

@@ -5,12 +5,16 @@ On 2 CPU ranks joined by gloo, one thread per rank:
 - in the fit: benchmarks/ddp.py's workload (MLP 256-1024-1024-10, batch 64 per rank, `ddp_spawn`) with the
   agreement every step (the default); rank 0 clocks the time it spends inside the agreement's calls (starting the
   overlapped round after training_step, waiting for it after backward; benchmarks/_agreement_probe.py). That time
-  per step, over the median step time, is the headline `cost_pct`: what the step waits for the agreement;
+  per step, over the median step time, is the headline `cost_pct`: what the step waits for the agreement. Both
+  ranks are on this machine, so the round goes through the shared-memory board (strategies/agreement_board.py);
+  the same fit with the board off (the round as a gloo all-reduce, as ranks on several machines have it) is
+  clocked beside it;
 - micro: one blocking agreement (an all-reduce, MAX, of 10 int64), timed over many calls after a barrier: what a
   synchronous round would cost per step (the design before the overlap);
-- A/B: the same fit with `agree_every_n_steps=1` and with a huge interval (only each epoch's last batch), in
-  interleaved rounds; the paired ratio of median step times. On 2 shared cores its noise is larger than the cost;
-  it is a cross-check that shows the CPU the round's threads take from the step, which no overlap hides.
+- A/B: the same fit with `agree_every_n_steps=1` (board, and gloo round) and with a huge interval (only each
+  epoch's last batch), in interleaved rounds; the paired ratios of median step times. On 2 shared cores their noise
+  is of the order of the cost; they show the CPU that a gloo round's threads take from the step, which the time in
+  the calls does not count and no overlap hides.
 
 Target: cost <= 1 % of step time.
 
@@ -30,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _agreement_probe import AgreementTimer
+from _agreement_probe import NO_BOARD_VAR, AgreementTimer
 from common import figure, paired, steady_intervals, write_result
 from ddp import TRAINER_FLAGS, BenchModule, Config
 
@@ -69,12 +73,17 @@ def measure_micro(calls: int) -> list[float]:
         return json.loads(Path(out_file).read_text())
 
 
-def fit_step_times(cfg: Config, every: int) -> tuple[list[float], list[float]]:
-    """Steady step intervals of rank 0, and the seconds it spent in the agreement's calls in each of those steps."""
+def fit_step_times(cfg: Config, every: int, board: bool = True) -> tuple[list[float], list[float]]:
+    """Steady step intervals of rank 0, and the seconds it spent in the agreement's calls in each of those steps.
+    `board=False`: the ranks open no shared-memory board (the spawned ranks inherit the variable)."""
     timer = AgreementTimer()
     trainer = Trainer(devices=2, strategy="ddp_spawn", max_epochs=cfg.epochs, callbacks=[timer],
                       agree_every_n_steps=every, **TRAINER_FLAGS)
-    trainer.fit(BenchModule(cfg))
+    os.environ[NO_BOARD_VAR] = "0" if board else "1"
+    try:
+        trainer.fit(BenchModule(cfg))
+    finally:
+        os.environ.pop(NO_BOARD_VAR)
     skip = cfg.warmup_steps + 1
     print(f"    median in the agreement per step: {statistics.median(timer.spent[skip:]) * 1e6:.0f} us, of which "
           f"waiting for the overlapped round {statistics.median(timer.waited[skip:]) * 1e6:.0f} us", flush=True)
@@ -86,37 +95,43 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a smoke run: few calls, 1 round, small data")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()
-    cfg = Config(samples=2_560, rounds=1, warmup_steps=5) if args.quick else Config(rounds=5)
+    cfg = Config(samples=2_560, rounds=1, warmup_steps=5) if args.quick else Config(rounds=6)
     calls = 500 if args.quick else 5_000
 
     started = time.perf_counter()
     micro = measure_micro(calls)
     micro_us = statistics.median(micro) * 1e6
     print(f"agreement all-reduce: {micro_us:.1f} us median over {calls} calls", flush=True)
-    on_rounds, off_rounds, spent_rounds = [], [], []
+    variants = [("board", 1, True), ("gloo", 1, False), ("off", NEVER, True)]
+    step_rounds: dict[str, list[float]] = {name: [] for name, _, _ in variants}
+    spent_rounds: dict[str, list[float]] = {name: [] for name, _, _ in variants}
     for rnd in range(cfg.rounds):
-        order = [1, NEVER] if rnd % 2 == 0 else [NEVER, 1]
-        for every in order:
-            steps, spent = fit_step_times(cfg, every)
+        k = rnd % len(variants)
+        for name, every, board in variants[k:] + variants[:k]:  # rotated each round
+            steps, spent = fit_step_times(cfg, every, board)
             med = statistics.median(steps)
-            (on_rounds if every == 1 else off_rounds).append(med)
-            if every == 1:
-                spent_rounds.append(statistics.median(spent))
-            print(f"round {rnd + 1}/{cfg.rounds} agree_every_n_steps={every}: {med * 1e3:.2f} ms/step"
-                  + (f", {statistics.median(spent) * 1e6:.0f} us/step in the agreement" if every == 1 else ""),
-                  flush=True)
+            step_rounds[name].append(med)
+            spent_rounds[name].append(statistics.median(spent))
+            print(f"round {rnd + 1}/{cfg.rounds} {name}, agree_every_n_steps={every}: {med * 1e3:.2f} ms/step, "
+                  f"{statistics.median(spent) * 1e6:.0f} us/step in the agreement", flush=True)
+    on_rounds, gloo_rounds, off_rounds = step_rounds["board"], step_rounds["gloo"], step_rounds["off"]
     step_ms = statistics.median(on_rounds) * 1e3
-    spent_us = statistics.median(spent_rounds) * 1e6
+    spent_us = statistics.median(spent_rounds["board"]) * 1e6
     cost_pct = spent_us / 1e3 / step_ms * 100
     figures = [
-        figure("spent_us", "step time spent in the agreement (start + wait, rank 0)", [t * 1e6 for t in spent_rounds],
-               "µs"),
+        figure("spent_us", "step time spent in the agreement (post + read, rank 0; shared-memory board)",
+               [t * 1e6 for t in spent_rounds["board"]], "µs"),
+        figure("spent_gloo_us", "step time spent in the agreement as a gloo round (start + wait; board off)",
+               [t * 1e6 for t in spent_rounds["gloo"]], "µs", role="reference"),
         figure("agreement_us", "one blocking agreement (10-int MAX all-reduce, gloo, 2 ranks)",
                [t * 1e6 for t in micro], "µs", role="reference"),
         figure("step_without", "DDP step, agreement only at epoch ends", [t * 1e3 for t in off_rounds], "ms/step",
                role="baseline"),
-        figure("step_with", "DDP step, agreement every step (default)", [t * 1e3 for t in on_rounds], "ms/step",
-               baseline="step_without", ratios=paired(on_rounds, off_rounds)),
+        figure("step_with", "DDP step, agreement every step (default: shared-memory board)",
+               [t * 1e3 for t in on_rounds], "ms/step", baseline="step_without", ratios=paired(on_rounds, off_rounds)),
+        figure("step_with_gloo", "DDP step, agreement every step as a gloo round (board off)",
+               [t * 1e3 for t in gloo_rounds], "ms/step", baseline="step_without",
+               ratios=paired(gloo_rounds, off_rounds)),
         figure("cost_pct", "agreement cost, % of the step (time in it / step)", [cost_pct], "%", target=TARGET_PCT,
                target_on="value"),
     ]

@@ -305,7 +305,7 @@ class Strategy(ABC):
         of trainer/control.py: it must not wait on the GPU stream). Identity with one process."""
         return distributed.all_reduce_max_ints(values)
 
-    def start_agree(self, values: list[int]) -> distributed.PendingMax:
+    def start_agree(self, values: list[int]) -> distributed.Pending:
         """`agree` started without waiting: `.wait()` on the result gives the agreed flags (trainer/control.py
         overlaps it with the forward and backward). Already done with one process."""
         return distributed.start_all_reduce_max_ints(values)

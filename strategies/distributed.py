@@ -12,7 +12,7 @@ import os
 import socket
 import warnings
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -92,6 +92,15 @@ def all_reduce_max_ints(values: list[int], group: Any = None) -> list[int]:
     tensor = torch.tensor(values, dtype=torch.int64)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
     return tensor.tolist()
+
+
+class Pending(Protocol):
+    """A round of the step agreement in flight, whatever carries it (a gloo all-reduce here, or this machine's
+    shared-memory board, strategies/agreement_board.py)."""
+
+    def done(self) -> bool: ...
+
+    def wait(self) -> list[int]: ...
 
 
 class PendingMax:

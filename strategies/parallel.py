@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from strategies import distributed
+from strategies.agreement_board import AgreementBoard
 from strategies.base import Strategy
 from strategies.collective_timeout import CollectiveTimeout, torch_default_timeout
 from strategies.environment import ClusterEnvironment, detect_environment
@@ -30,6 +31,7 @@ from strategies.shutdown import shutdown_at_exit
 from strategies.spawn_launcher import SpawnLauncher
 
 _BACKENDS = ("nccl", "gloo", "mpi")
+_BOARD_WIDTH = 16  # the most flags a round of the step agreement carries (trainer/control.py posts 10)
 _START_METHODS = ("subprocess", "spawn", "fork")
 
 
@@ -103,6 +105,7 @@ class ParallelStrategy(Strategy):
         self._script_launcher: SubprocessLauncher | None = None  # set when this process re-ran the script
         self._peers = PeerFailures()
         self._control_group: Any = None  # None: the default group (already on CPU with gloo)
+        self._board: AgreementBoard | None = None  # the per-step agreement in shared memory (one machine, gloo)
         self.world_size = len(self.parallel_devices) * num_nodes
 
     @classmethod
@@ -166,6 +169,22 @@ class ParallelStrategy(Strategy):
             if self._control_group is not None:
                 groups.append((self._control_group, self.timeout or torch_default_timeout("gloo")))
             self.collective_timeout.attach(groups)
+        self._open_board()
+
+    def _open_board(self) -> None:
+        """A fresh agreement board for this run when every rank is on this machine and gloo carries the gradients
+        (strategies/agreement_board.py); otherwise the overlapped agreement stays a round on the control group.
+        Collective: every rank decides alike (same backend, same peer table)."""
+        if self._board is not None:
+            self._board.close()
+            self._board = None
+        if self.world_size > 1 and self.process_group_backend == "gloo" and self._peers.all_on_this_machine():
+            self._board = AgreementBoard.open(self.global_rank, self.world_size, _BOARD_WIDTH,
+                                              self._board_timeout_s, self._peers.ended)
+
+    def _board_timeout_s(self) -> float:
+        now = self.collective_timeout.current_seconds()
+        return now if now is not None else torch_default_timeout("gloo").total_seconds()
 
     def _join_process_group(self, env: ClusterEnvironment) -> None:
         if dist.is_initialized():
@@ -191,7 +210,10 @@ class ParallelStrategy(Strategy):
     def agree(self, values: list[int]) -> list[int]:
         return distributed.all_reduce_max_ints(values, self._control_group)
 
-    def start_agree(self, values: list[int]) -> distributed.PendingMax:
+    def start_agree(self, values: list[int]) -> distributed.Pending:
+        board = self._board
+        if board is not None:
+            return board.post(values)
         return distributed.start_all_reduce_max_ints(values, self._control_group)
 
     def bound_collectives(self, step_seconds: float | None) -> bool:

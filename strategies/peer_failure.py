@@ -41,6 +41,17 @@ class PeerFailures:
         self.peers = Peers.gather(rank)
         self.launcher = launcher
 
+    def all_on_this_machine(self) -> bool:
+        """Whether every other rank runs on this machine, in this pid namespace (False before `gather`)."""
+        peers = self.peers
+        return peers is not None and all(peers.is_local(r) for r in range(len(peers.table)) if r != peers.me.rank)
+
+    def ended(self, ranks: list[int]) -> list[int]:
+        """Which of `ranks` (on this machine) have ended; one look, no wait."""
+        if self.peers is None:
+            return []
+        return self.peers.gone(0.0, ignore=tuple(r for r in range(len(self.peers.table)) if r not in ranks))
+
     def diagnose(self, timed_out: bool) -> str | None:
         """A sentence naming the rank(s) behind a failed collective, or None when none could be named."""
         if self.peers is None:

@@ -10,9 +10,11 @@ The agreement of a step carries the stop signal, end of data (this rank's last b
 time-based validation, a non-finite loss (terminate_on_nan) and the names of the sync_dist metrics that
 `training_step` logged. In automatic optimization it is started right after `training_step` without waiting, and
 waited for after backward, before the optimizer step and before those metrics are reduced: its latency hides behind
-the backward, whose gradient all-reduce brings the ranks together anyway. A rank whose data ran out meets that
-round without a batch and raises; the others then lose it in the gradient all-reduce, find its reason in the
-completed round (`explain_lost_peer`) and raise the same error.
+the backward, whose gradient all-reduce brings the ranks together anyway. The strategy carries that round
+(`start_agree`): when every rank is on one machine and gloo carries the gradients, through shared memory
+(strategies/agreement_board.py), which wakes no gloo thread; otherwise as a gloo all-reduce. A rank whose data ran
+out meets that round without a batch and raises; the others then lose it in the gradient all-reduce, find its
+reason in the completed round (`explain_lost_peer`) and raise the same error.
 
 One synchronous round after the step instead where backward must wait for it: a `training_step` whose code can
 return None (trainer/step_returns.py), since whether any rank skips must be known before anyone starts backward;
@@ -36,7 +38,7 @@ from trainer.step_clock import StepClock
 
 if TYPE_CHECKING:
     from strategies.base import Strategy
-    from strategies.distributed import PendingMax
+    from strategies.distributed import Pending
     from trainer.fit_state import FitState
     from trainer.preemption import StopSignals
     from trainer.results import ResultCollection
@@ -74,7 +76,7 @@ class ControlPlane:
         self._depth = 0  # nesting of outside_steps()
         self.clock = StepClock()  # times training batches at the agreements: the hang bound follows the run
         self.step_may_skip = True  # training_step can return None: one synchronous round (set per run)
-        self._pending: tuple[PendingMax, list[str], Tensor | None] | None = None  # overlapped round, keys, loss
+        self._pending: tuple[Pending, list[str], Tensor | None] | None = None  # overlapped round, keys, loss
 
     def start(self, strategy: Strategy) -> None:
         self._strategy = strategy
@@ -234,7 +236,10 @@ class ControlPlane:
         flags = [0] * _SIZE
         flags[_STOP] = self.signals.received
         flags[_DRY] = self._rank + 1
-        agreed = self._strategy.agree(flags)
+        if loop.automatic and not self.step_may_skip:  # the others start an overlapped round: meet them in it
+            agreed = self._strategy.start_agree(flags).wait()
+        else:
+            agreed = self._strategy.agree(flags)
         self._check_data_left(loop, agreed)
         self.stop_signal = agreed[_STOP]
 

@@ -13,6 +13,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from strategies.agreement_board import BoardPeerLost, BoardTimeout
 from strategies.exceptions import DistributedDesyncError, TrainerError
 from strategies.launchers import GRACEFUL_EXIT_CODES
 from trainer.preemption import Interrupted
@@ -29,6 +30,7 @@ _TIMED_OUT = ("timed out", "timeout")
 # The innermost of our own functions on the stack → what the rank was doing when the collective failed.
 _WHERE = {
     "agree": "the step agreement (control plane all-reduce)",
+    "wait_for_posts": "the step agreement (this machine's shared-memory board)",
     "_agree_step": "the step agreement (control plane all-reduce)",
     "backward": "backward (the gradient all-reduce)",
     "optimizer_step": "the optimizer step (sharded state exchange)",
@@ -53,6 +55,10 @@ def classify(exc: BaseException) -> Literal["lost", "timeout"] | None:
     """"lost": a peer's connection went away; "timeout": a peer did not join in time; None: neither."""
     if not isinstance(exc, RuntimeError) or isinstance(exc, TrainerError):
         return None
+    if isinstance(exc, BoardPeerLost):
+        return "lost"
+    if isinstance(exc, BoardTimeout):
+        return "timeout"
     text = str(exc).lower()
     if any(marker in text for marker in _PEER_GONE):
         return "lost"

@@ -11,12 +11,14 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
+from strategies.agreement_board import AgreementBoard
 from strategies.exceptions import DistributedDesyncError
 from tests.helpers.boring import BoringModel, RandomDataset
 from tests.helpers.dist import run_distributed
 from trainer import Trainer
 
 pytestmark = pytest.mark.distributed
+transports = pytest.mark.parametrize("board", [True, False], ids=["board", "gloo"])  # the step agreement's carrier
 
 
 class RankSizedSampler(Sampler[int]):
@@ -77,7 +79,11 @@ def _loader(rank: int, kind: str) -> DataLoader:
     return DataLoader(RankSizedStream(rank), batch_size=1)
 
 
-def _fit_and_report(rank: int, kind: str) -> str:
+def _fit_and_report(rank: int, kind: str, board: bool = True) -> str:
+    """`board=False`: the step agreement as a gloo round, as ranks on several machines have it (forked ranks: the
+    patch is theirs alone)."""
+    if not board:
+        AgreementBoard.open = classmethod(lambda cls, *args: None)  # type: ignore[method-assign,assignment]
     loader = _loader(rank, kind)
     trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, logger=False,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -98,16 +104,18 @@ def test_sampler_with_uneven_batch_counts_fails_before_the_first_step():
 
 
 @pytest.mark.timeout(90)
-def test_iterable_dataset_of_unequal_lengths_fails_where_one_rank_runs_out():
-    messages = run_distributed(_fit_and_report, "stream", timeout=60)
+@transports
+def test_iterable_dataset_of_unequal_lengths_fails_where_one_rank_runs_out(board):
+    messages = run_distributed(_fit_and_report, "stream", board, timeout=60)
     for message in messages:
         assert "rank 1 ran out of training data at batch 3" in message and "rank 0 has more" in message, message
         assert message.endswith("steps=3"), message
 
 
 @pytest.mark.timeout(90)
-def test_iterable_dataset_empty_on_one_rank_fails_at_the_first_step():
-    messages = run_distributed(_fit_and_report, "empty", timeout=60)
+@transports
+def test_iterable_dataset_empty_on_one_rank_fails_at_the_first_step(board):
+    messages = run_distributed(_fit_and_report, "empty", board, timeout=60)
     for message in messages:
         assert message.startswith("rank 1 has no training batch 0 of epoch 0: its data ended after 0 batch(es)"), \
             message
@@ -115,8 +123,9 @@ def test_iterable_dataset_empty_on_one_rank_fails_at_the_first_step():
 
 
 @pytest.mark.timeout(90)
-def test_sampler_whose_len_overstates_fails_where_it_runs_short():
-    messages = run_distributed(_fit_and_report, "overstating", timeout=60)
+@transports
+def test_sampler_whose_len_overstates_fails_where_it_runs_short(board):
+    messages = run_distributed(_fit_and_report, "overstating", board, timeout=60)
     for message in messages:
         assert message.startswith("rank 1 has no training batch 4 of epoch 0: its data ended after 4 batch(es)"), \
             message
@@ -124,9 +133,10 @@ def test_sampler_whose_len_overstates_fails_where_it_runs_short():
 
 
 @pytest.mark.timeout(90)
-def test_samplers_that_overstate_alike_on_every_rank_end_the_epoch_together():
+@transports
+def test_samplers_that_overstate_alike_on_every_rank_end_the_epoch_together(board):
     """Every rank's data ends at the same batch: a shorter epoch, as a plain loop over the loader would have."""
-    assert run_distributed(_fit_and_report, "overstating everywhere", timeout=60) == ["no error | steps=4"] * 2
+    assert run_distributed(_fit_and_report, "overstating everywhere", board, timeout=60) == ["no error | steps=4"] * 2
 
 
 class StepSyncedValidation(BoringModel):
