@@ -18,6 +18,7 @@ HEADER = 7
 
 
 def records(path: Path) -> Iterator[Any]:
+    """The complete records in the file as it is now; a file still being written ends at its last whole record."""
     from wandb.proto import wandb_internal_pb2
 
     data = path.read_bytes()
@@ -33,6 +34,8 @@ def records(path: Path) -> Iterator[Any]:
         if kind == 0 and length == 0:  # zero padding at the end of a block
             pos += left - HEADER
             continue
+        if pos + length > len(data):  # wandb's service is still writing this chunk: read it on a later look
+            return
         chunk = data[pos:pos + length]
         pos += length
         pending = chunk if kind in (1, 2) else pending + chunk

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.helpers.boring import QUIET, BoringModel
-from tests.helpers.wandb_records import of_type, run_file
+from tests.helpers.wandb_records import of_type, records, run_file
 from trainer import Trainer
 
 pytest.importorskip("wandb", reason="WandbLogger needs wandb: pip install -e '.[wandb]' (in .[dev])")
@@ -64,6 +64,18 @@ def test_run_name_project_and_id(fitted):
     _, logger, _, path = fitted
     (run,) = of_type(path, "run")
     assert (run.run_id, run.project, run.display_name) == (logger.version, "digits", "first")
+
+
+def test_a_run_file_read_while_wandb_still_writes_it_yields_its_whole_records(fitted, tmp_path):
+    """The test helper polls the run file while wandb's service appends to it: a read that ends inside a record must
+    give the records before it, not fail to parse (seen once: a DecodeError in `fitted`)."""
+    data = fitted[3].read_bytes()
+    complete = [r.SerializeToString() for r in records(fitted[3])]
+    partial = tmp_path / "partial.wandb"
+    for cut in range(8, len(data), max(1, len(data) // 300)):
+        partial.write_bytes(data[:cut])
+        got = [r.SerializeToString() for r in records(partial)]
+        assert got == complete[:len(got)], cut
 
 
 def test_hyperparameters_go_to_the_config(fitted):
