@@ -1,9 +1,9 @@
 """Times what a rank spends in the step agreement's own calls (benchmarks/agreement.py). Benchmark-only.
 
-Importing this module wraps the control plane's entry points with a clock: in strategies.distributed a blocking
+Importing this module wraps the control plane's entry points with a clock: in strategies.comm.distributed a blocking
 round, the start of an overlapped one and the wait for it; on this machine's shared-memory board
-(strategies/agreement_board.py) a post and the wait for it. Under `ddp_spawn` each rank imports it when it unpickles
-`AgreementTimer`, so the clock runs in the ranks; the callback's state brings rank 0's figures back. With
+(strategies/comm/agreement_board.py) a post and the wait for it. Under `ddp_spawn` each rank imports it when it
+unpickles `AgreementTimer`, so the clock runs in the ranks; the callback's state brings rank 0's figures back. With
 `NO_BOARD_VAR=1` in the environment the ranks open no board, so the overlapped round is a gloo all-reduce (as for
 ranks on several machines).
 """
@@ -19,8 +19,8 @@ from typing import Any
 from common import StepClock
 
 from callbacks import Callback
-from strategies import distributed
-from strategies.agreement_board import AgreementBoard, PendingPost
+from strategies.comm import distributed
+from strategies.comm.agreement_board import AgreementBoard, PendingPost
 
 NO_BOARD_VAR = "AGREEMENT_PROBE_NO_BOARD"
 

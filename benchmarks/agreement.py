@@ -1,4 +1,4 @@
-"""Cost of the per-step control-plane agreement (trainer/control.py) on the DDP benchmark model.
+"""Cost of the per-step control-plane agreement (trainer/ranks/agreement.py) on the DDP benchmark model.
 
 On 2 CPU ranks joined by gloo, one thread per rank:
 
@@ -6,7 +6,7 @@ On 2 CPU ranks joined by gloo, one thread per rank:
   agreement every step (the default); rank 0 clocks the time it spends inside the agreement's calls (starting the
   overlapped round after training_step, waiting for it after backward; benchmarks/_agreement_probe.py). That time
   per step, over the median step time, is the headline `cost_pct`: what the step waits for the agreement. Both
-  ranks are on this machine, so the round goes through the shared-memory board (strategies/agreement_board.py);
+  ranks are on this machine, so the round goes through the shared-memory board (strategies/comm/agreement_board.py);
   the same fit with the board off (the round as a gloo all-reduce, as ranks on several machines have it) is
   clocked beside it;
 - micro: one blocking agreement (an all-reduce, MAX, of 10 int64), timed over many calls after a barrier: what a
@@ -38,9 +38,9 @@ from _agreement_probe import NO_BOARD_VAR, AgreementTimer
 from common import figure, paired, steady_intervals, write_result
 from ddp import TRAINER_FLAGS, BenchModule, Config
 
-from strategies.distributed import all_reduce_max_ints, find_free_port
+from strategies.comm.distributed import all_reduce_max_ints, find_free_port
 from trainer import Trainer
-from trainer.control import keys_hash
+from trainer.ranks.agreement import keys_hash
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "agreement.json"
 TARGET_PCT = 1.0

@@ -5,7 +5,7 @@ parameters, 33.6 MB) plus an Adam-like optimizer state (exp_avg and exp_avg_sq p
 param_groups), 100.7 MB of tensors in all, with the few primitives a checkpoint carries beside them.
 
 Save, same dict, same directory, each call writing a file that does not exist yet:
-  - ours:             `strategies.checkpoint_io.atomic_save(obj, path)` (temp file in the same directory,
+  - ours:             `strategies.checkpoint_io.atomic_file.atomic_save(obj, path)` (temp file in the same directory,
                       flush, fsync, os.replace, fsync of the directory)
   - durable baseline: `torch.save` into an open file, flush, `os.fsync` (what "the bytes are on disk" costs)
   - bare torch.save:  `torch.save(obj, path)`, no fsync (the data may still sit in the page cache)
@@ -13,8 +13,8 @@ The <= 1.10x target is ours / durable baseline. Bare torch.save is shown beside 
 baselines is the price of durability itself, which no correct atomic save can avoid.
 
 Load, the file written by torch.save (served from the page cache, as after a recent save):
-  - ours:     `strategies.checkpoint_io.safe_load(path)` (existence checks, every zip entry checked against its
-              CRC-32, then weights_only=True, map_location="cpu", memory-mapped)
+  - ours:     `strategies.checkpoint_io.safe_load.safe_load(path)` (existence checks, every zip entry checked against
+              its CRC-32, then weights_only=True, map_location="cpu", memory-mapped)
   - baseline: `torch.load(path, weights_only=True)`
 The <= 1.10x target applies here too (integrity included). Because our load memory-maps the file, its tensors'
 pages are copied later, when they go into the model: the "load + copy" rows add that copy (a clone of every
@@ -58,7 +58,8 @@ import torch
 from common import figure, lightning_version, machine_info, paired, write_result
 from torch import nn
 
-from strategies.checkpoint_io import atomic_save, safe_load
+from strategies.checkpoint_io.atomic_file import atomic_save
+from strategies.checkpoint_io.safe_load import safe_load
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_OUT = RESULTS / "checkpoint.json"

@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-from strategies.checkpoint_io import atomic_save, safe_load
+from strategies.checkpoint_io.atomic_file import atomic_save
+from strategies.checkpoint_io.safe_load import safe_load
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
 SAVE_OURS, SAVE_PLAIN = "atomic_save to s3:// (ours)", "fsspec open + torch.save (plain client)"
@@ -51,7 +52,7 @@ def available() -> str | None:
 @contextmanager
 def s3_bucket() -> Iterator[str]:
     """A bucket on a fresh moto server; the environment points s3fs at it while the block runs."""
-    from strategies.distributed import find_free_port
+    from strategies.comm.distributed import find_free_port
 
     port = find_free_port()
     url = f"http://127.0.0.1:{port}"

@@ -65,7 +65,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from callbacks import Callback
-from strategies.distributed import find_free_port
+from strategies.comm.distributed import find_free_port
 from trainer import Trainer, TrainModule
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "ddp.json"

@@ -96,7 +96,7 @@ def run_rank(variant: str, warmup: int, steps: int, lib_path: str) -> None:
 # --- the parent ---------------------------------------------------------------------------------------------------
 def count(variant: str, warmup: int, steps: int, lib: Path, folder: Path) -> dict[str, float]:
     """Rank 0's instructions per counted step of `variant`: its main thread's, and all its threads' together."""
-    from strategies.distributed import find_free_port
+    from strategies.comm.distributed import find_free_port
 
     out = folder / f"{variant}.callgrind"
     env = child_env(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(find_free_port()), WORLD_SIZE="2",

@@ -82,7 +82,7 @@ def child(variant: str, out: str) -> None:
     if variant == "raw":
         import torch.multiprocessing as mp
 
-        from strategies.distributed import find_free_port
+        from strategies.comm.distributed import find_free_port
 
         mp.spawn(_raw_rank, args=(find_free_port(), out), nprocs=2)
         return

@@ -29,7 +29,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import Callback
-from strategies.dtensor import torch_sharding
+from strategies.model.dtensor import torch_sharding
 from trainer import Trainer, TrainModule
 
 STAGES = ("ddp", "zero1", "zero2", "zero3", "zero3_meta")

@@ -12,7 +12,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 if TYPE_CHECKING:
-    from trainer.module import TrainModule
+    from trainer.core.module import TrainModule
     from trainer.trainer import Trainer
 
 

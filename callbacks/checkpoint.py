@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from callbacks.base import Callback
-from strategies.checkpoint_io import find_checkpoints, link_checkpoint
-from strategies.checkpoint_names import claim_name, release_claim
-from strategies.distributed import rank_zero_info, rank_zero_warn
+from strategies.checkpoint_io.catalog import find_checkpoints, link_checkpoint
+from strategies.checkpoint_io.filesystem import AnyPath, join, list_names, to_path
+from strategies.checkpoint_io.names import claim_name, release_claim
+from strategies.comm.distributed import rank_zero_info, rank_zero_warn
 from strategies.exceptions import ConfigError, MisconfigurationError
-from strategies.filesystem import AnyPath, join, list_names, to_path
 
 if TYPE_CHECKING:
-    from trainer.module import TrainModule
+    from trainer.core.module import TrainModule
     from trainer.trainer import Trainer
 
 _FIELD = r"\{([A-Za-z_][\w/.-]*)(:[^}]*)?\}"  # compiled (and cached by `re`) at the first name formatted
@@ -303,7 +303,7 @@ class ModelCheckpoint(Callback):
 
     def _claim(self, trainer: Trainer, path: AnyPath, previous: str = "") -> AnyPath:
         """Collective. `path`, or when a file of that name exists (or another run is writing it), its next free
-        `-vN` version, claimed by rank 0 (strategies/checkpoint_names.py), as Lightning's `enable_version_counter`
+        `-vN` version, claimed by rank 0 (strategies/checkpoint_io/names.py), as Lightning's `enable_version_counter`
         does. `previous` (the file this save replaces, e.g. a resumed run's `last-v1.ckpt`) is re-saved in place
         when the versions reach it; with `enable_version_counter=False` every name is."""
         if str(path) == previous or not self.enable_version_counter:

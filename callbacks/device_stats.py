@@ -18,7 +18,7 @@ from callbacks.log_cadence import LogCadence
 from strategies.exceptions import MisconfigurationError
 
 if TYPE_CHECKING:
-    from trainer.module import TrainModule
+    from trainer.core.module import TrainModule
     from trainer.trainer import Trainer
 
 

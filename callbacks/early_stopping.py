@@ -6,11 +6,11 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
-from strategies.distributed import rank_zero_info
+from strategies.comm.distributed import rank_zero_info
 from strategies.exceptions import ConfigError, MisconfigurationError
 
 if TYPE_CHECKING:
-    from trainer.module import TrainModule
+    from trainer.core.module import TrainModule
     from trainer.trainer import Trainer
 
 

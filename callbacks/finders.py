@@ -1,8 +1,8 @@
 """LearningRateFinder and BatchSizeFinder: Lightning's callbacks that run the tuner's searches when fit starts
 and let the run continue with what they found.
 
-Both reuse `trainer.tuner.Tuner` (the searches of trainer/lr_finder.py and trainer/batch_size_scaling.py, which
-run in a trial Trainer built from this Trainer's flags), then put the module back into this run: its `trainer`
+Both reuse `trainer.tuner.Tuner` (the searches of trainer/tuner/lr_finder.py and trainer/tuner/batch_size_scaling.py,
+which run in a trial Trainer built from this Trainer's flags), then put the module back into this run: its `trainer`
 points here again, the random number generators are as before the search, and the found value is in use.
 LearningRateFinder sets the suggestion on the module's `lr`/`learning_rate` (or `attr_name`) and on every param
 group of the run's optimizers (built before the search, as in Lightning; a scheduler keeps its own `base_lrs`).
@@ -15,13 +15,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from callbacks.base import Callback
-from strategies.distributed import rank_zero_warn
+from strategies.comm.distributed import rank_zero_warn
 from strategies.exceptions import ConfigError, MisconfigurationError
 
 if TYPE_CHECKING:
-    from trainer.lr_finder import LRFinderResult
-    from trainer.module import TrainModule
+    from trainer.core.module import TrainModule
     from trainer.trainer import Trainer
+    from trainer.tuner.lr_finder import LRFinderResult
 
 
 def _reattach(trainer: Trainer, pl_module: TrainModule) -> None:

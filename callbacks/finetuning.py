@@ -22,11 +22,11 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.optim import Optimizer
 
 from callbacks.base import Callback
-from strategies.distributed import rank_zero_warn
+from strategies.comm.distributed import rank_zero_warn
 from strategies.exceptions import ConfigError
 
 if TYPE_CHECKING:
-    from trainer.module import TrainModule
+    from trainer.core.module import TrainModule
     from trainer.trainer import Trainer
 
 log = logging.getLogger(__name__)

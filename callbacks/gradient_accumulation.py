@@ -11,11 +11,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
-from strategies.distributed import rank_zero_warn
+from strategies.comm.distributed import rank_zero_warn
 from strategies.exceptions import MisconfigurationError
 
 if TYPE_CHECKING:
-    from trainer.module import TrainModule
+    from trainer.core.module import TrainModule
     from trainer.trainer import Trainer
 
 
@@ -82,7 +82,7 @@ class GradientAccumulationScheduler(Callback):
 
 
 def _overrides(module: Any, name: str) -> bool:
+    from trainer.core.module import TrainModule
     from trainer.hooks import is_overridden
-    from trainer.module import TrainModule
 
     return is_overridden(module, name, TrainModule)

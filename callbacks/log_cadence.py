@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trainer.module import TrainModule
+    from trainer.core.module import TrainModule
     from trainer.trainer import Trainer
 
 

@@ -8,7 +8,7 @@ from callbacks.base import Callback
 from strategies.exceptions import ConfigError, MisconfigurationError
 
 if TYPE_CHECKING:
-    from trainer.module import TrainModule
+    from trainer.core.module import TrainModule
     from trainer.trainer import Trainer
 
 

@@ -15,11 +15,11 @@ import torch
 from torch import nn
 
 from callbacks.base import Callback
-from strategies.device_move import move_to_device
-from strategies.distributed import rank_zero_info
+from strategies.comm.distributed import rank_zero_info
+from strategies.model.device_move import move_to_device
 
 if TYPE_CHECKING:
-    from trainer.module import TrainModule
+    from trainer.core.module import TrainModule
     from trainer.trainer import Trainer
 
 _UNITS = (" ", "K", "M", "B", "T")

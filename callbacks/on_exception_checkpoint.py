@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from callbacks.base import Callback
+from strategies.checkpoint_io.filesystem import AnyPath, join, to_path
 from strategies.exceptions import ConfigError
-from strategies.filesystem import AnyPath, join, to_path
 
 if TYPE_CHECKING:
-    from trainer.module import TrainModule
+    from trainer.core.module import TrainModule
     from trainer.trainer import Trainer
 
 

@@ -12,7 +12,7 @@ from callbacks.base import Callback
 from strategies.exceptions import MisconfigurationError
 
 if TYPE_CHECKING:
-    from trainer.module import TrainModule
+    from trainer.core.module import TrainModule
     from trainer.trainer import Trainer
 
 class WriteInterval(str, Enum):

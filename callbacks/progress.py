@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from callbacks.progress_base import EVAL, TRAIN, ProgressBarBase
 
 if TYPE_CHECKING:
-    from trainer.module import TrainModule
+    from trainer.core.module import TrainModule
     from trainer.trainer import Trainer
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
-from strategies.distributed import rank_zero_warn
+from strategies.comm.distributed import rank_zero_warn
 
 if TYPE_CHECKING:
-    from trainer.module import TrainModule
+    from trainer.core.module import TrainModule
     from trainer.trainer import Trainer
 
 TRAIN, EVAL = "train", "eval"  # the two bars: training, and the evaluation running now (sanity, val, test, predict)

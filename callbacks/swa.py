@@ -29,13 +29,13 @@ from torch.optim.swa_utils import SWALR, AveragedModel, get_swa_avg_fn
 
 from callbacks.base import Callback
 from callbacks.weight_averaging import _TensorView
-from strategies.distributed import rank_zero_info, rank_zero_warn
+from strategies.comm.distributed import rank_zero_info, rank_zero_warn
 from strategies.exceptions import MisconfigurationError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from trainer.module import TrainModule
+    from trainer.core.module import TrainModule
     from trainer.trainer import Trainer
 
 
@@ -154,7 +154,7 @@ class StochasticWeightAveraging(Callback):
             last_epoch = self._max_epochs + (1 if self._has_batch_norm and self._max_epochs != -1 else 0)
         scheduler = SWALR(optimizer, swa_lr=lrs, anneal_epochs=self._annealing_epochs,  # type: ignore[arg-type]
                           anneal_strategy=self._annealing_strategy, last_epoch=last_epoch)
-        from trainer.optim import SchedulerConfig
+        from trainer.core.optimizer_setup import SchedulerConfig
 
         configs = trainer.lr_scheduler_configs
         config = SchedulerConfig(scheduler)  # interval "epoch", frequency 1

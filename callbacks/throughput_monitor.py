@@ -21,10 +21,10 @@ import torch
 
 from callbacks.base import Callback
 from callbacks.log_cadence import LogCadence
-from strategies.distributed import rank_zero_warn
+from strategies.comm.distributed import rank_zero_warn
 
 if TYPE_CHECKING:
-    from trainer.module import TrainModule
+    from trainer.core.module import TrainModule
     from trainer.trainer import Trainer
 
 _THROUGHPUT_ARGS = ("window_size", "separator")

@@ -12,12 +12,12 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
-from strategies.distributed import rank_zero_info
+from strategies.comm.distributed import rank_zero_info
 from strategies.durations import parse_duration
 from strategies.exceptions import ConfigError
 
 if TYPE_CHECKING:
-    from trainer.module import TrainModule
+    from trainer.core.module import TrainModule
     from trainer.trainer import Trainer
 
 _STAGES = ("train", "sanity_check", "validate", "test", "predict")

@@ -25,11 +25,11 @@ from torch import Tensor, nn
 from torch.optim.swa_utils import AveragedModel, get_ema_avg_fn
 
 from callbacks.base import Callback
-from strategies.distributed import rank_zero_info, rank_zero_warn
+from strategies.comm.distributed import rank_zero_info, rank_zero_warn
 from strategies.exceptions import ConfigError
 
 if TYPE_CHECKING:
-    from trainer.module import TrainModule
+    from trainer.core.module import TrainModule
     from trainer.trainer import Trainer
 
 

@@ -30,7 +30,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from callbacks import Callback
-from strategies.shutdown import shutdown_distributed
+from strategies.launch.shutdown import shutdown_distributed
 from trainer import Trainer, TrainModule, seed_everything
 
 OUT_ENV = "SYNC_SGD_OUT"  # set by the first process; its presence also marks the Trainer's re-run ranks

@@ -4,8 +4,8 @@ This package is a leaf: it imports torch only, never `trainer` or `callbacks`.
 """
 
 from strategies.base import Strategy
+from strategies.comm.distributed import rank_zero_only
 from strategies.ddp import DDPStrategy
-from strategies.distributed import rank_zero_only
 from strategies.dp import DataParallelStrategy
 from strategies.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision, precision_from_flag
 from strategies.registry import STRATEGY_REGISTRY

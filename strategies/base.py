@@ -1,8 +1,7 @@
 """The Strategy seam: everything that differs between single device, DP, DDP and ZeRO lives behind it.
 
-The loop calls these methods unconditionally and never asks which strategy it has. Every method
-is called on every rank unless its docstring says otherwise.
-"""
+The loop calls these methods unconditionally and never asks which strategy it has. Every method is called on every
+rank unless its docstring says otherwise."""
 
 from __future__ import annotations
 
@@ -16,12 +15,16 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from strategies import checkpoint_io, compiled, distributed
-from strategies.activation_checkpointing import apply_activation_checkpointing, checkpointed_classes
-from strategies.device_move import module_on, move_to_device
+from strategies.checkpoint_io.atomic_file import atomic_save
+from strategies.checkpoint_io.catalog import remove_checkpoint
+from strategies.checkpoint_io.safe_load import safe_load
+from strategies.comm import distributed
 from strategies.exceptions import CheckpointSaveError
+from strategies.model import compiled
+from strategies.model.activation_checkpointing import apply_activation_checkpointing, checkpointed_classes
+from strategies.model.device_move import module_on, move_to_device
 from strategies.precision import CANONICAL_PRECISIONS, Precision
-from strategies.strategy_optimizer import unwrap_optimizer
+from strategies.wrapped_optimizer import unwrap_optimizer
 
 T = TypeVar("T")
 ReduceOp = Literal["mean", "sum", "max", "min"]
@@ -121,7 +124,7 @@ class Strategy(ABC):
         (uninitialised values, for a model about to load a checkpoint). Sharding strategies build on 'meta'."""
         from contextlib import ExitStack
 
-        from strategies.meta_init import EmptyInit
+        from strategies.model.meta_init import EmptyInit
 
         stack = ExitStack()
         if empty_init:
@@ -159,7 +162,7 @@ class Strategy(ABC):
 
     def compile_module(self, compiler: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
         """After `setup_module`: compile the user's forward (what `self(x)` runs) with the context of the
-        `torch.compile` call the module came from, inside the wrapper (see strategies/compiled.py for why there).
+        `torch.compile` call the module came from, inside the wrapper (see strategies/model/compiled.py for why there).
         `teardown` takes it off again."""
         compiled.compile_forward(self.module, compiler)
 
@@ -186,8 +189,9 @@ class Strategy(ABC):
     # --- hang bound and failures (no-ops on one process) ------------------------------------------------
     def bound_collectives(self, step_seconds: float | None) -> bool:
         """Training batches take `step_seconds` each (measured): bound how long a collective may wait for a rank that
-        does not join (see strategies/collective_timeout.py). None: outside training, the process group's own timeout.
-        Called at agreements, not per step. Returns whether this strategy's bound follows the step time at all."""
+        does not join (see strategies/comm/collective_timeout.py). None: outside training, the process group's own
+        timeout. Called at agreements, not per step. Returns whether this strategy's bound follows the step time at
+        all."""
         return False
 
     def diagnose_peer_failure(self, timed_out: bool) -> str | None:
@@ -302,11 +306,11 @@ class Strategy(ABC):
 
     def agree(self, values: list[int]) -> list[int]:
         """Element-wise MAX of small integer flags over all ranks, on a CPU-capable group (the control plane
-        of trainer/control.py: it must not wait on the GPU stream). Identity with one process."""
+        of trainer/ranks/agreement.py: it must not wait on the GPU stream). Identity with one process."""
         return distributed.all_reduce_max_ints(values)
 
     def start_agree(self, values: list[int]) -> distributed.Pending:
-        """`agree` started without waiting: `.wait()` on the result gives the agreed flags (trainer/control.py
+        """`agree` started without waiting: `.wait()` on the result gives the agreed flags (trainer/ranks/agreement.py
         overlaps it with the forward and backward). Already done with one process."""
         return distributed.start_all_reduce_max_ints(values)
 
@@ -336,7 +340,7 @@ class Strategy(ABC):
         error = None
         if self.is_global_zero:
             try:
-                checkpoint_io.atomic_save(checkpoint, path)
+                atomic_save(checkpoint, path)
             except CheckpointSaveError as err:
                 error = str(err)
         self.raise_if_any_failed(error)
@@ -345,7 +349,7 @@ class Strategy(ABC):
         """Delete a checkpoint file or sharded folder (rank 0); a strategy that saves in the background deletes it
         once the save in flight has committed."""
         if self.is_global_zero:
-            checkpoint_io.remove_checkpoint(path)
+            remove_checkpoint(path)
 
     def wait_for_saves(self) -> None:  # noqa: B027 (saves are synchronous by default)
         """Collective: return once this run's background saves have committed; raise CheckpointSaveError on every
@@ -363,7 +367,7 @@ class Strategy(ABC):
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Read a checkpoint with `torch.load(weights_only=True)`; damage becomes a `CheckpointLoadError`."""
-        return checkpoint_io.safe_load(path, map_location="cpu")
+        return safe_load(path, map_location="cpu")
 
     def load_module_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> None:
         """Load a plain (unwrapped, unsharded) state dict into the module."""

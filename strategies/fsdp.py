@@ -2,7 +2,7 @@
 
 The ranks and process group come from `ParallelStrategy`; this file owns the sharding units, FSDP2's gradient-sync
 switch, DTensor-aware clipping and the checkpoint layout (full states in the standard layout by default, or every
-rank's shards in a DCP folder with `sharded_checkpoint=True`, strategies/sharded_checkpoint.py).
+rank's shards in a DCP folder with `sharded_checkpoint=True`, strategies/checkpoint_io/sharded/folder.py).
 `strategy="zero2"` / `"zero3"` build it through `ZeroStrategy` (strategies/zero.py).
 """
 
@@ -19,14 +19,15 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from strategies import compiled, dtensor
-from strategies.async_save import AsyncSaver
 from strategies.base import NULL_CONTEXT, _StepRouter
+from strategies.checkpoint_io.sharded.async_save import AsyncSaver
+from strategies.checkpoint_io.sharded.folder import load_into, load_sharded, save_sharded
+from strategies.checkpoint_io.sharded.manifest import ShardedRef, is_folder_checkpoint
 from strategies.exceptions import ConfigError
-from strategies.meta_init import MetaInit
+from strategies.model import compiled, dtensor
+from strategies.model.meta_init import MetaInit
 from strategies.parallel import ParallelStrategy
 from strategies.precision import Precision
-from strategies.sharded_checkpoint import ShardedRef, is_folder_checkpoint, load_into, load_sharded, save_sharded
 
 FSDP_PRECISIONS = ("32-true", "bf16-mixed", "bf16-true")  # 16-mixed's GradScaler is untested with FSDP2: refused
 
@@ -97,7 +98,7 @@ class FSDPStrategy(ParallelStrategy):
     # --- building and wrapping ----------------------------------------------------------------------
     def tensor_init_context(self, empty_init: bool | None = None) -> AbstractContextManager:
         """Layers built in `trainer.init_module()` or `configure_model()` go on the meta device (unless
-        `empty_init=False`) and are materialised shard by shard after `fully_shard` (strategies/meta_init.py):
+        `empty_init=False`) and are materialised shard by shard after `fully_shard` (strategies/model/meta_init.py):
         the full model never exists on any rank, and the same seed gives the same weights at any world size."""
         if empty_init is False:
             return super().tensor_init_context(empty_init)

@@ -17,21 +17,21 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from strategies import distributed
-from strategies.agreement_board import AgreementBoard
 from strategies.base import Strategy
-from strategies.collective_timeout import CollectiveTimeout, torch_default_timeout
-from strategies.environment import ClusterEnvironment, detect_environment
+from strategies.comm import distributed
+from strategies.comm.agreement_board import AgreementBoard
+from strategies.comm.collective_timeout import CollectiveTimeout, torch_default_timeout
+from strategies.comm.peer_failure import PeerFailures
 from strategies.exceptions import ConfigError
-from strategies.launchers import SubprocessLauncher
-from strategies.parent_death import die_with_launcher_from_env
-from strategies.peer_failure import PeerFailures
+from strategies.launch.environment import ClusterEnvironment, detect_environment
+from strategies.launch.parent_death import die_with_launcher_from_env
+from strategies.launch.script_launcher import SubprocessLauncher
+from strategies.launch.shutdown import shutdown_at_exit
+from strategies.launch.spawn_launcher import SpawnLauncher
 from strategies.precision import Precision
-from strategies.shutdown import shutdown_at_exit
-from strategies.spawn_launcher import SpawnLauncher
 
 _BACKENDS = ("nccl", "gloo", "mpi")
-_BOARD_WIDTH = 16  # the most flags a round of the step agreement carries (trainer/control.py posts 10)
+_BOARD_WIDTH = 16  # the most flags a round of the step agreement carries (trainer/ranks/agreement.py posts 10)
 _START_METHODS = ("subprocess", "spawn", "fork")
 
 
@@ -159,7 +159,7 @@ class ParallelStrategy(Strategy):
             torch.cuda.set_device(self.root_device)
         self._join_process_group(env)
         if self.process_group_backend != "gloo" and self._control_group is None:
-            # The control plane (trainer/control.py) reduces a few ints every step: on CPU through gloo,
+            # The control plane (trainer/ranks/agreement.py) reduces a few ints every step: on CPU through gloo,
             # so it never waits for the GPU stream as an NCCL collective on a CUDA tensor would.
             timeout_kw: dict[str, Any] = {"timeout": self.timeout} if self.timeout is not None else {}
             self._control_group = dist.new_group(backend="gloo", **timeout_kw)
@@ -173,7 +173,7 @@ class ParallelStrategy(Strategy):
 
     def _open_board(self) -> None:
         """A fresh agreement board for this run when every rank is on this machine and gloo carries the gradients
-        (strategies/agreement_board.py); otherwise the overlapped agreement stays a round on the control group.
+        (strategies/comm/agreement_board.py); otherwise the overlapped agreement stays a round on the control group.
         Collective: every rank decides alike (same backend, same peer table)."""
         if self._board is not None:
             self._board.close()

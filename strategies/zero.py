@@ -6,7 +6,7 @@ afterwards: each stage is a subclass of the strategy whose mechanism it uses.
 By default checkpoints hold full (consolidated) states in the standard layout, so a ZeRO checkpoint
 loads on a single device, and a single-device or DDP checkpoint loads into any ZeRO stage. With
 `sharded_checkpoint=True` (stages 2/3) every rank writes its shards into a checkpoint folder
-(strategies/sharded_checkpoint.py), which loads into stage 2/3 at any world size.
+(strategies/checkpoint_io/sharded/folder.py), which loads into stage 2/3 at any world size.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import signal
 import pytest
 import torch
 
-from strategies.distributed import rank_zero_only
+from strategies.comm.distributed import rank_zero_only
 
 # Ctrl-C as from a terminal, whatever started pytest: a background job of a non-interactive script (`cmd &`,
 # as a CI runner may start it) inherits SIGINT ignored, and an ignored signal stays ignored across exec, so the

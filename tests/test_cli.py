@@ -1,5 +1,5 @@
-"""The YAML command line (trainer/cli.py): runs match Python, overrides apply, the saved config reproduces the run,
-and every config mistake exits with code 2, naming the file and the key, before anything starts."""
+"""The YAML command line (trainer/cli/command.py): runs match Python, overrides apply, the saved config reproduces the
+run, and every config mistake exits with code 2, naming the file and the key, before anything starts."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ def test_loggers_and_local_paths_load_no_optional_integration():
         "import trainer\n"
         "from trainer.loggers import MLFlowLogger, WandbLogger\n"
         "from callbacks import ModelCheckpoint\n"
-        "from strategies.filesystem import to_path\n"
+        "from strategies.checkpoint_io.filesystem import to_path\n"
         "MLFlowLogger(tracking_uri='http://127.0.0.1:1'); WandbLogger(offline=True)\n"
         "ModelCheckpoint(dirpath='ckpts'); to_path('runs/x')\n"
         "new = sorted(set(sys.modules) - before)\n"

@@ -4,11 +4,11 @@ Public names only. Heavy optional dependencies (tensorboard, omegaconf, tqdm, to
 imported by the components that need them, when they are first used.
 """
 
-from strategies.distributed import rank_zero_debug, rank_zero_info, rank_zero_only, rank_zero_warn
+from strategies.comm.distributed import rank_zero_debug, rank_zero_info, rank_zero_only, rank_zero_warn
 from trainer.banner import cli_lightning_logo
-from trainer.combined_loader import CombinedLoader
-from trainer.datamodule import DataModule
-from trainer.module import TrainModule
+from trainer.core.datamodule import DataModule
+from trainer.core.module import TrainModule
+from trainer.data.combined_loader import CombinedLoader
 from trainer.seed import seed_everything
 from trainer.trainer import Trainer
 

@@ -53,7 +53,7 @@ The order of every hook during `fit` (the hook-order test expands this pseudocod
 Notes on the pseudocode:
 - An indented block runs inside the line above it: the module's `optimizer_step` runs the closure
   (training_step ... backward) through `optimizer.step(closure=...)`, and the optimizer steps after
-  on_before_optimizer_step and clipping (trainer/optimizer_path.py). This is Lightning 2.x's order;
+  on_before_optimizer_step and clipping (trainer/loops/automatic_optimization.py). This is Lightning 2.x's order;
   tests/compat/test_optimizer_path.py compares it with Lightning's own.
 - With accumulate_grad_batches=N, optimizer_step (and so on_before_optimizer_step and
   configure_gradient_clipping) runs only on the last batch of each window and of the epoch; the other
@@ -88,7 +88,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainer.fit_state import FitState
+    from trainer.loops.fit_state import FitState
     from trainer.trainer import Trainer
 
 # Hooks for which monitoring callbacks must run after the module (see module docstring).
@@ -107,15 +107,17 @@ class HookDispatcher:
     """Caches, per hook name, the bound callables that really do something, so that calling a hook
     nobody overrides costs a dict lookup (this is on the per-step hot path)."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: Trainer, module_base: type) -> None:
         self._trainer = trainer
+        self._module_base = module_base  # TrainModule, whose no-op hooks count as not overridden
         self._cache: dict[str, list[Callable[..., Any]]] = {}
 
     def reset(self) -> None:
         self._cache.clear()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"_trainer": self._trainer, "_cache": {}}  # bound closures do not pickle; rebuilt on use
+        # bound closures do not pickle; rebuilt on use
+        return {"_trainer": self._trainer, "_module_base": self._module_base, "_cache": {}}
 
     def targets(self, name: str) -> list[Callable[..., Any]]:
         found = self._cache.get(name)
@@ -124,8 +126,6 @@ class HookDispatcher:
         return found
 
     def _resolve(self, name: str) -> list[Callable[..., Any]]:
-        from trainer.module import TrainModule
-
         trainer = self._trainer
         module = trainer.lightning_module
         callbacks: list[Any] = []
@@ -140,7 +140,7 @@ class HookDispatcher:
         else:
             first, last = callbacks, []
         calls.extend(_callback_call(cb, name, trainer) for cb in first)
-        if module is not None and hasattr(module, name) and is_overridden(module, name, TrainModule):
+        if module is not None and hasattr(module, name) and is_overridden(module, name, self._module_base):
             calls.append(_profiled(trainer, f"[LightningModule]{type(module).__name__}.{name}", getattr(module, name)))
         calls.extend(_callback_call(cb, name, trainer) for cb in last)
         return calls

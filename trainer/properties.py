@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from strategies.exceptions import MisconfigurationError
-from trainer.loaded_classes import instances_of
+from trainer.setup.loaded_classes import instances_of
 from trainer.state import RunningStage
 
 if TYPE_CHECKING:
     from torch.optim import Optimizer
 
-    from trainer.fit_state import FitState
-    from trainer.metrics import MetricsRouter
-    from trainer.optim import SchedulerConfig
-    from trainer.predictions import PredictLoop
+    from trainer.core.optimizer_setup import SchedulerConfig
+    from trainer.loops.fit_state import FitState
+    from trainer.loops.predictions import PredictLoop
+    from trainer.metrics.routing import MetricsRouter
 
 
 class TrainerProperties:

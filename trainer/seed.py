@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from strategies.distributed import rank_zero_info, rank_zero_warn
+from strategies.comm.distributed import rank_zero_info, rank_zero_warn
 
 SEED_ENV = "TRAINER_GLOBAL_SEED"
 SEED_WORKERS_ENV = "TRAINER_SEED_WORKERS"  # "1" after seed_everything(workers=True); launched ranks inherit it

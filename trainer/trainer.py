@@ -12,35 +12,35 @@ from typing import Any
 
 import torch
 
-from strategies.checkpoint_io import remove_stale_temp_files
-from strategies.compiled import unwrap_compiled
+from strategies.checkpoint_io.atomic_file import remove_stale_temp_files
 from strategies.exceptions import ConfigError, MisconfigurationError
-from trainer import checkpoint as ckpt
-from trainer import failure, loops, optimizer_path, run_start
-from trainer.barebones import announce_start, apply_barebones
-from trainer.control import ControlPlane
-from trainer.datamodule import DataModule
-from trainer.fit_state import FitState
-from trainer.flags import FLAG_NAMES, parse_flags
+from strategies.model.compiled import unwrap_compiled
+from trainer.checkpoint import schema as ckpt
+from trainer.checkpoint.ckpt_path import default_ckpt_path, resolve_ckpt_path
+from trainer.checkpoint.loop_position import LoopPosition, Phase
+from trainer.core.datamodule import DataModule
+from trainer.core.module import TrainModule
+from trainer.core.optimizer_setup import SchedulerStepper, normalize_optimizers
 from trainer.hooks import HookDispatcher, call_hook, is_overridden
-from trainer.metrics import MetricsRouter
-from trainer.optim import SchedulerStepper, normalize_optimizers
-from trainer.position import LoopPosition, Phase
-from trainer.preemption import StopSignals
+from trainer.loops import automatic_optimization as optimizer_path
+from trainer.loops import evaluation_loop
+from trainer.loops import fit_loop as loops
+from trainer.loops.fit_state import FitState
+from trainer.loops.schedule import FitSchedule
+from trainer.metrics.results import ResultCollection
+from trainer.metrics.results_table import print_results
+from trainer.metrics.routing import MetricsRouter
 from trainer.profilers import build_profiler
 from trainer.properties import TrainerProperties
-from trainer.rank_result import pack_if_child
-from trainer.results import ResultCollection
-from trainer.results_table import print_results
-from trainer.run_setup import (
-    agree_logger_versions,
-    build_callbacks,
-    build_loggers,
-    default_ckpt_path,
-    resolve_ckpt_path,
-)
-from trainer.schedule import FitSchedule
+from trainer.ranks import failure
+from trainer.ranks.agreement import ControlPlane
+from trainer.ranks.preemption import StopSignals
+from trainer.ranks.rank_result import pack_if_child
 from trainer.seed import apply_cudnn_benchmark, enable_determinism
+from trainer.setup import run_start
+from trainer.setup.barebones import announce_start, apply_barebones
+from trainer.setup.defaults import agree_logger_versions, build_callbacks, build_loggers
+from trainer.setup.flags import FLAG_NAMES, parse_flags
 from trainer.state import Progress, RunningStage, TrainerFn, TrainerState, TrainerStatus
 
 
@@ -116,7 +116,7 @@ class Trainer(TrainerProperties):
     ) -> None:
         given = locals()
         flags = {name: given[name] for name in FLAG_NAMES}
-        self.init_flags = flags  # as given: the tuner builds its trial Trainer from them (trainer/tuner.py)
+        self.init_flags = flags  # as given: the tuner builds its trial Trainer from them (trainer/tuner/tuning.py)
         given = apply_barebones({**flags, "logger": logger, "profiler": profiler, "callbacks": callbacks})
         spec = parse_flags(**{name: given[name] for name in FLAG_NAMES})
         self.profiler = build_profiler(profiler)  # trainer/profilers: a pass-through one when None
@@ -133,8 +133,8 @@ class Trainer(TrainerProperties):
         train_results = ResultCollection(self.strategy.all_reduce, control.check_sync_keys)
         self.fit_state = FitState(
             trainer=self, spec=spec, strategy=self.strategy, progress=progress, position=LoopPosition(),
-            schedule=FitSchedule(spec, progress), control=control, metrics=metrics, hooks=HookDispatcher(self),
-            train_results=train_results, results=train_results,
+            schedule=FitSchedule(spec, progress), control=control, metrics=metrics, hooks=HookDispatcher(self,
+            TrainModule), train_results=train_results, results=train_results,
         )
 
     # --- entry points -------------------------------------------------------------------------------
@@ -215,7 +215,8 @@ class Trainer(TrainerProperties):
                 ckpt_path: str | Path | None) -> Any:
         """Run on every rank through the strategy's launcher; adopt rank 0's outcome if it ran elsewhere."""
         if model is not None:  # torch.compile(module): train `module`, its forward compiled by the strategy with
-            model, self.fit_state.compiler = unwrap_compiled(model)  # the user's arguments (strategies/compiled.py)
+            # the user's arguments (strategies/model/compiled.py)
+            model, self.fit_state.compiler = unwrap_compiled(model)
         out = self.strategy.launch(self._run_rank, fn, model, datamodule, loaders, ckpt_path)
         return out.adopt_into(self.fit_state, model) if out is not None else None
 
@@ -289,8 +290,6 @@ class Trainer(TrainerProperties):
         return clearer
 
     def _attach(self, fn: TrainerFn, model: Any, datamodule: Any) -> Any:
-        from trainer.module import TrainModule
-
         loop = self.fit_state
         if model is None:
             model = loop.module
@@ -324,8 +323,6 @@ class Trainer(TrainerProperties):
 
     def _fit(self, model: Any, checkpoint: dict[str, Any] | None, path: Any) -> None:
         loop = self.fit_state
-        from trainer.module import TrainModule
-
         custom_scheduler_step = is_overridden(model, "lr_scheduler_step", TrainModule)
         setup = normalize_optimizers(model.configure_optimizers(), allow_none=not loop.automatic,
                                      custom_scheduler_step=custom_scheduler_step)
@@ -370,10 +367,10 @@ class Trainer(TrainerProperties):
     def _evaluate_or_predict(self, fn: TrainerFn, loaders: dict[str, Any]) -> Any:
         if fn == TrainerFn.PREDICTING:
             returned = loaders.get("return_predictions")
-            out = loops.run_predict(self.fit_state, True if returned is None else bool(returned))
+            out = evaluation_loop.run_predict(self.fit_state, True if returned is None else bool(returned))
         else:
             stage = RunningStage.VALIDATING if fn == TrainerFn.VALIDATING else RunningStage.TESTING
-            out = loops.run_evaluation(self.fit_state, stage)
+            out = evaluation_loop.run_evaluation(self.fit_state, stage)
         self.state.status = TrainerStatus.FINISHED
         return out
 

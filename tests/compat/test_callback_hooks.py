@@ -14,7 +14,7 @@ import torch
 from callbacks import Callback
 from tests.helpers.boring import QUIET, BoringModel
 from trainer import Trainer, TrainModule
-from trainer.lightning_names import CALLBACK_NAMES, HOOK, SUPPORTED
+from trainer.setup.lightning_names import CALLBACK_NAMES, HOOK, SUPPORTED
 
 CALLBACK_HOOKS = sorted(n for n, e in CALLBACK_NAMES.items()
                         if e.kind == HOOK and e.status == SUPPORTED and n not in ("state_dict", "load_state_dict"))

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from strategies.checkpoint_io import safe_load
+from strategies.checkpoint_io.safe_load import safe_load
 from strategies.exceptions import CheckpointLoadError, MisconfigurationError
 from tests.helpers.boring import QUIET, BoringModel
 from trainer import DataModule, Trainer, TrainModule

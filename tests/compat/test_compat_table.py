@@ -1,5 +1,5 @@
-"""docs/from-lightning.md's name tables cannot drift: every Lightning name in trainer/lightning_names.py has exactly
-one row with the same kind and status; every row names a test that exists and covers that name."""
+"""docs/from-lightning.md's name tables cannot drift: every Lightning name in trainer/setup/lightning_names.py has
+exactly one row with the same kind and status; every row names a test that exists and covers that name."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.lightning_names import (
+from trainer.setup.lightning_names import (
     CALLBACK_NAMES,
     DATAMODULE_NAMES,
     MODULE_NAMES,

@@ -14,7 +14,7 @@ from callbacks import ModelCheckpoint
 from strategies.exceptions import MisconfigurationError
 from tests.helpers.boring import QUIET, BoringModel
 from trainer import Trainer
-from trainer.results_table import format_results
+from trainer.metrics.results_table import format_results
 
 
 class EpochScore(BoringModel):

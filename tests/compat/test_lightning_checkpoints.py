@@ -177,7 +177,8 @@ def test_nothing_of_the_file_is_imported_or_run(tmp_path: Path):
     import subprocess
     import sys
 
-    code = ("import warnings; warnings.simplefilter('ignore'); from strategies.checkpoint_io import safe_load; "
+    code = ("import warnings; warnings.simplefilter('ignore'); "
+            "from strategies.checkpoint_io.safe_load import safe_load; "
             f"print(sorted(safe_load({str(path)!r})))")
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,

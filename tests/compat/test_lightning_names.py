@@ -1,4 +1,4 @@
-"""trainer/lightning_names.py lists every public name of Lightning's LightningModule, LightningDataModule and
+"""trainer/setup/lightning_names.py lists every public name of Lightning's LightningModule, LightningDataModule and
 Callback; checked against an installed Lightning 2.x (our compatibility oracle), skipped without it."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
-from trainer.lightning_names import (
+from trainer.setup.lightning_names import (
     CALLBACK_NAMES,
     DATAMODULE_NAMES,
     HOOK,

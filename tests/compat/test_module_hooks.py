@@ -12,7 +12,7 @@ import torch
 
 from tests.helpers.boring import QUIET, BoringModel
 from trainer import Trainer
-from trainer.lightning_names import HOOK, MODULE_NAMES, SUPPORTED
+from trainer.setup.lightning_names import HOOK, MODULE_NAMES, SUPPORTED
 
 # hook → what each call's arguments must look like (checked on every recorded call)
 _EXPECTED_ARGS: dict[str, Any] = {

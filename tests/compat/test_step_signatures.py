@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from torch.utils.data import DataLoader
 
-import trainer.step_signature as step_signature
+import trainer.setup.step_signature as step_signature
 from strategies.exceptions import MisconfigurationError
 from tests.helpers.boring import QUIET, BoringModel, RandomDataset
 from trainer import Trainer

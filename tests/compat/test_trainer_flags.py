@@ -18,7 +18,7 @@ from tests.helpers.boring import QUIET, BoringModel, regression_data
 from tests.helpers.dist import run_distributed
 from tests.helpers.runif import run_if
 from trainer import Trainer, TrainModule
-from trainer.flags import FLAGS, NONE_MEANS_DEFAULT
+from trainer.setup.flags import FLAGS, NONE_MEANS_DEFAULT
 
 LIGHTNING_QUIET = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
                    "enable_model_summary": False, "accelerator": "cpu", "devices": 1}

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-import trainer.lightning_names as names
+import trainer.setup.lightning_names as names
 from callbacks import Callback
 from strategies.exceptions import MisconfigurationError
 from tests.helpers.boring import QUIET, BoringModel

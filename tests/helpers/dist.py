@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from strategies.distributed import find_free_port
+from strategies.comm.distributed import find_free_port
 
 
 def _child(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple, queue: Any) -> None:

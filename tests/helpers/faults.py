@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from strategies.checkpoint_io import safe_load
+from strategies.checkpoint_io.safe_load import safe_load
 from tests.helpers.launch import REPO, TORCHRUN, Finished, clean_env, launch
 
 SCRIPT = REPO / "tests" / "scripts" / "faults.py"

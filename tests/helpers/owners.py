@@ -5,11 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from strategies.temp_owner import owner_tag
+from strategies.checkpoint_io.temp_owner import owner_tag
 
 
 def dead_owner_tag() -> str:
-    """An owner tag (strategies/temp_owner.py) of this machine whose process has exited and been reaped."""
+    """An owner tag (strategies/checkpoint_io/temp_owner.py) of this machine whose process has exited and been
+    reaped."""
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     return owner_tag(child.pid)

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from callbacks import ModelCheckpoint
-from strategies.checkpoint_io import TMP_MARKER, atomic_save, remove_stale_temp_files, safe_load
+from strategies.checkpoint_io.atomic_file import TMP_MARKER, atomic_save, remove_stale_temp_files
+from strategies.checkpoint_io.safe_load import safe_load
 from tests.helpers.boring import QUIET, BoringModel
 from trainer import Trainer, seed_everything
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from strategies.checkpoint_io import atomic_save
+from strategies.checkpoint_io.atomic_file import atomic_save
 from strategies.exceptions import CheckpointSaveError
 from tests.helpers.boring import QUIET, BoringModel
 from tests.helpers.dist import run_distributed

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from strategies.checkpoint_io import safe_load
-from strategies.distributed import find_free_port
+from strategies.checkpoint_io.safe_load import safe_load
+from strategies.comm.distributed import find_free_port
 from tests.helpers.faults import (
     BOUND_S,
     SCRIPT,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from strategies.peers import CHECK_S
+from strategies.comm.peers import CHECK_S
 from tests.helpers.faults import (
     BOUND_S,
     STEPS,

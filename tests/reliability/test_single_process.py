@@ -13,7 +13,7 @@ import torch
 
 from tests.helpers.boring import QUIET, BoringModel
 from trainer import Trainer, seed_everything
-from trainer.control import NonFiniteLossError
+from trainer.ranks.agreement import NonFiniteLossError
 
 FLAGS = {**QUIET, "max_epochs": 2, "num_sanity_val_steps": 0, "limit_val_batches": 0}
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
-from strategies.agreement_board import AgreementBoard
+from strategies.comm.agreement_board import AgreementBoard
 from strategies.exceptions import DistributedDesyncError
 from tests.helpers.boring import BoringModel, RandomDataset
 from tests.helpers.dist import run_distributed

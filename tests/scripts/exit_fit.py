@@ -116,7 +116,7 @@ def main() -> None:
         if "RANK" in os.environ:
             _raw_rank(int(os.environ["LOCAL_RANK"]), None)
         else:
-            from strategies.distributed import find_free_port
+            from strategies.comm.distributed import find_free_port
 
             torch.multiprocessing.spawn(_raw_rank, args=(find_free_port(),), nprocs=2)
         print("AFTER_FIT", flush=True)

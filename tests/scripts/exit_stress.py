@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from strategies.distributed import find_free_port  # noqa: E402
+from strategies.comm.distributed import find_free_port  # noqa: E402
 from tests.helpers.launch import ABORT_MARKERS, TORCHRUN, launch, report  # noqa: E402
 from tests.helpers.launch import clean_env as launch_env  # noqa: E402
 

@@ -154,7 +154,7 @@ class FaultyModel(BoringModel):
 
 class SkippingModel(FaultyModel):
     """FaultyModel whose training_step can return None (`return_none`): its code says so, so every step gets the
-    synchronous agreement (trainer/step_returns.py); FaultyModel's steps get the overlapped one."""
+    synchronous agreement (trainer/ranks/step_returns.py); FaultyModel's steps get the overlapped one."""
 
     def training_step(self, batch: Any, batch_idx: int) -> Any:
         if self.fault.here(self.trainer, "return_none"):

@@ -3,7 +3,7 @@
 // last collective of tests/scripts/exit_fit.py has, or to release a tensor's Python object), it first sleeps for up to SLOW_WORKER_MS (default 200), as a worker descheduled on a busy
 // machine would. A process whose main thread reaches interpreter finalization meanwhile has the worker ask for the
 // GIL inside finalization, where Python ends the thread and the unwind aborts the process with "terminate called
-// without an active exception", unless it ended its distributed state in order (see strategies/shutdown.py). It
+// without an active exception", unless it ended its distributed state in order (see strategies/launch/shutdown.py). It
 // turns a one-in-hundreds race into a one-in-one failure of unprotected code.
 //
 // The sleep ends as soon as finalization has begun, so the worker asks for the GIL inside finalization however

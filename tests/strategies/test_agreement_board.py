@@ -1,4 +1,4 @@
-"""The step agreement through this machine's shared-memory board (strategies/agreement_board.py): the MAX it gives,
+"""The step agreement through this machine's shared-memory board (strategies/comm/agreement_board.py): the MAX it gives,
 the waits it must do, how it fails, and that a 2-rank gloo fit uses it instead of a gloo round per step."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import time
 import pytest
 import torch
 
-from strategies import distributed
-from strategies.agreement_board import AgreementBoard, BoardPeerLost, BoardTimeout
+from strategies.comm import distributed
+from strategies.comm.agreement_board import AgreementBoard, BoardPeerLost, BoardTimeout
 from tests.helpers.boring import BoringModel, RandomDataset
 from tests.helpers.dist import run_distributed
 from trainer import Trainer
-from trainer.failure import classify
+from trainer.ranks.failure import classify
 
 
 def _boards(world: int = 2, width: int = 4, timeout_s: float = 5.0, gone: list[int] | None = None,

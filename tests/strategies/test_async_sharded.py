@@ -19,8 +19,8 @@ from torch.utils.data import DataLoader
 
 from callbacks import ModelCheckpoint
 from strategies import ZeroStrategy
-from strategies.sharded_checkpoint import verify_folder
-from strategies.sharded_consolidate import consolidated
+from strategies.checkpoint_io.sharded.consolidate import consolidated
+from strategies.checkpoint_io.sharded.manifest import verify_folder
 from tests.helpers.boring import QUIET, regression_data
 from tests.helpers.dist import run_distributed
 from tests.strategies.test_zero import Net, _fit
@@ -77,7 +77,7 @@ def test_async_saves_equal_synchronous_ones_and_replace_top_k_after_commit(tmp_p
 
 
 def _failing_commit_rank(rank: int, folder: str) -> str:
-    import strategies.sharded_checkpoint as sharded
+    import strategies.checkpoint_io.sharded.folder as sharded
 
     if rank == 0:
         def no_commit(*args: Any) -> None:

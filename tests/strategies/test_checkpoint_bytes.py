@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from callbacks import ModelCheckpoint
-from strategies.checkpoint_io import atomic_save, safe_load
+from strategies.checkpoint_io.atomic_file import atomic_save
+from strategies.checkpoint_io.safe_load import safe_load
 from strategies.exceptions import CheckpointLoadError, CheckpointSaveError
 from tests.helpers.boring import QUIET, BoringModel
 from trainer import Trainer, seed_everything

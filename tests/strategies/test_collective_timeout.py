@@ -1,5 +1,5 @@
-"""The hang bound: the rule (strategies/collective_timeout.py), how the trainer times batches (trainer/step_clock.py),
-and that the bound really limits a collective's wait (2 forked CPU ranks, gloo)."""
+"""The hang bound: the rule (strategies/comm/collective_timeout.py), how the trainer times batches
+(trainer/ranks/step_clock.py), and that the bound really limits a collective's wait (2 forked CPU ranks, gloo)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import torch
 import torch.distributed as dist
 
 from strategies import DDPStrategy, ZeroStrategy
-from strategies.collective_timeout import CollectiveTimeout
+from strategies.comm.collective_timeout import CollectiveTimeout
 from strategies.exceptions import ConfigError
 from tests.helpers.dist import run_distributed
-from trainer.step_clock import StepClock
+from trainer.ranks.step_clock import StepClock
 
 
 def test_the_rule_is_the_longer_of_the_floor_and_the_steps():

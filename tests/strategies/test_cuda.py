@@ -69,7 +69,7 @@ def test_16_mixed_on_cuda_scales_the_loss_and_trains():
 
 @pytest.mark.timeout(120)
 def test_terminate_on_nan_on_cuda_names_the_step():
-    from trainer.control import NonFiniteLossError
+    from trainer.ranks.agreement import NonFiniteLossError
 
     class NanAtStep3(BoringModel):
         def training_step(self, batch: Any, batch_idx: int) -> Any:

@@ -15,12 +15,12 @@ from torch.utils.data import DataLoader, Dataset
 
 from callbacks import Callback
 from strategies import DDPStrategy
-from strategies.devices import Hardware
+from strategies.launch.devices import Hardware
 from tests.helpers.boring import QUIET, BoringModel, regression_data
 from tests.helpers.dist import run_distributed
 from trainer import Trainer, TrainModule, seed_everything
-from trainer.flags import parse_flags
-from trainer.schedule import FitSchedule
+from trainer.loops.schedule import FitSchedule
+from trainer.setup.flags import parse_flags
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
 DDP = {**QUIET, "devices": 2, "strategy": "ddp"}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from strategies.environment import detect_environment, first_slurm_host
 from strategies.exceptions import ConfigError
+from strategies.launch.environment import detect_environment, first_slurm_host
 
 
 def test_plain_local_run_launches_its_own_ranks():

@@ -1,5 +1,6 @@
 """Remote paths: URL handling, clear errors for unknown protocols and missing packages, and the commit-record
-protocol of strategies/object_store.py on the memory:// filesystem (a real fsspec filesystem, in process)."""
+protocol of strategies/checkpoint_io/object_store.py on the memory:// filesystem (a real fsspec filesystem, in
+process)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,11 @@ import pytest
 import torch
 
 from callbacks import ModelCheckpoint
-from strategies import object_store
-from strategies.checkpoint_io import (
-    atomic_save,
-    find_checkpoints,
-    remove_checkpoint,
-    remove_stale_temp_files,
-    safe_load,
-)
+from strategies.checkpoint_io.atomic_file import atomic_save, object_store, remove_stale_temp_files
+from strategies.checkpoint_io.catalog import find_checkpoints, remove_checkpoint
+from strategies.checkpoint_io.filesystem import is_remote, join, parent, to_path
+from strategies.checkpoint_io.safe_load import safe_load
 from strategies.exceptions import CheckpointLoadError, CheckpointSaveError, ConfigError
-from strategies.filesystem import is_remote, join, parent, to_path
 from tests.helpers.owners import dead_owner_tag
 from trainer import Trainer
 

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 import torch
 
-from strategies import checkpoint_io
-from strategies.checkpoint_io import TMP_MARKER, atomic_save, remove_stale_temp_files, safe_load
+from strategies.checkpoint_io import atomic_file as checkpoint_io
+from strategies.checkpoint_io.atomic_file import TMP_MARKER, atomic_save, remove_stale_temp_files
+from strategies.checkpoint_io.safe_load import safe_load
 from strategies.exceptions import CheckpointLoadError
 
 pytestmark = pytest.mark.timeout(120)
@@ -126,7 +127,7 @@ def _remote_child(url: str, kill_at: int | str, big: bool) -> None:
     torch.set_num_threads(1)
     import fsspec
 
-    from strategies import object_store
+    from strategies.checkpoint_io import object_store
 
     fsspec.config.conf.setdefault("s3", {})["default_block_size"] = 5 * 2**20  # the smallest S3 part
     state = (_big_state if big else _state)(2)
@@ -169,7 +170,7 @@ def _remote_kill_trial(folder: str, kill_at: int | str, big: bool = False) -> st
     expected = make(loaded["version"])
     assert torch.equal(loaded["weights"], expected["weights"])
     assert torch.equal(loaded["nested"]["list"][0], expected["nested"]["list"][0])
-    from strategies.checkpoint_io import find_checkpoints
+    from strategies.checkpoint_io.catalog import find_checkpoints
 
     assert [p.rsplit("/", 1)[1] for _, p in find_checkpoints(folder)] == ["model.ckpt"]
     remove_stale_temp_files(folder)  # uncommitted data is cleaned at the next start

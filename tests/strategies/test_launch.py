@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from strategies.distributed import find_free_port
+from strategies.comm.distributed import find_free_port
 from tests.helpers.launch import REPO, TORCHRUN, _alive, _survivors, launch
 from tests.helpers.launch import assert_ok as _assert_ok
 from tests.helpers.launch import clean_env as _env

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from callbacks import Callback
 from strategies import DDPStrategy, SingleDeviceStrategy, ZeroStrategy
-from strategies.dtensor import full_tensor
+from strategies.model.dtensor import full_tensor
 from strategies.registry import STRATEGY_REGISTRY
 from tests.helpers.boring import QUIET, regression_data
 from tests.helpers.dist import run_distributed

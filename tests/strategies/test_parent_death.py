@@ -1,4 +1,4 @@
-"""strategies/parent_death.py: a rank started by our launchers ends with its launcher (Linux parent-death signal,
+"""strategies/launch/parent_death.py: a rank started by our launchers ends with its launcher (Linux parent-death signal,
 a polling watchdog elsewhere), also when the launch happened on a thread that ended since."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from strategies.parent_death import POLL_S, pdeathsig_available
+from strategies.launch.parent_death import POLL_S, pdeathsig_available
 from tests.helpers.launch import REPO, _alive, clean_env
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -20,10 +20,10 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 # A parent that starts one sleeping child the way `how` says, writes the child's pid, then acts on `then`.
 PARENT = textwrap.dedent("""
     import os, signal, subprocess, sys, threading, time
-    from strategies.parent_death import child_preexec, run_in_lasting_thread
+    from strategies.launch.parent_death import child_preexec, run_in_lasting_thread
     how, then, out = sys.argv[1], sys.argv[2], sys.argv[3]
     me = os.getpid()
-    child_code = ("import os, sys, time; from strategies.parent_death import die_with_parent; "
+    child_code = ("import os, sys, time; from strategies.launch.parent_death import die_with_parent; "
                   f"die_with_parent({me}, use_prctl={how != 'watchdog'}); time.sleep(60)")
     def start():
         preexec = child_preexec(me) if how in ("preexec", "thread") else None
@@ -87,7 +87,7 @@ def test_a_child_started_from_a_finished_thread_lives_until_the_process_dies(tmp
 
 @pytest.mark.timeout(60)
 def test_a_rank_whose_launcher_is_already_gone_ends_at_once(tmp_path: Path):
-    code = "from strategies.parent_death import die_with_parent; die_with_parent(1); print('survived')"
+    code = "from strategies.launch.parent_death import die_with_parent; die_with_parent(1); print('survived')"
     proc = subprocess.run([sys.executable, "-c", code], env=clean_env(), cwd=REPO, capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == -9 and "survived" not in proc.stdout

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from strategies.peers import PeerIdentity, Peers, this_process
+from strategies.comm.peers import PeerIdentity, Peers, this_process
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 

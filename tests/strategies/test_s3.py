@@ -12,8 +12,10 @@ import pytest
 import torch
 
 from callbacks import ModelCheckpoint
-from strategies import ZeroStrategy, object_store
-from strategies.checkpoint_io import find_checkpoints, safe_load
+from strategies import ZeroStrategy
+from strategies.checkpoint_io import object_store
+from strategies.checkpoint_io.catalog import find_checkpoints
+from strategies.checkpoint_io.safe_load import safe_load
 from strategies.exceptions import CheckpointLoadError
 from tests.helpers.boring import QUIET, BoringModel
 from tests.helpers.dist import run_distributed

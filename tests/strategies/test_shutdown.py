@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from strategies.shutdown import wait_for_idle_worker_threads
+from strategies.launch.shutdown import wait_for_idle_worker_threads
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or platform.machine() not in ("x86_64", "aarch64"),

@@ -11,9 +11,9 @@ from torch import nn
 
 from strategies import STRATEGY_REGISTRY, Precision, SingleDeviceStrategy, Strategy
 from strategies.base import _StepRouter, move_to_device
-from strategies.device_move import module_on
-from strategies.devices import resolve_devices
 from strategies.exceptions import ConfigError
+from strategies.launch.devices import resolve_devices
+from strategies.model.device_move import module_on
 from strategies.precision import canonical_precision, precision_from_flag
 from tests.helpers.boring import QUIET, BoringModel
 from trainer import Trainer

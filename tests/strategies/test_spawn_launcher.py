@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from strategies import spawn_launcher
-from strategies.environment import ClusterEnvironment
-from strategies.spawn_launcher import SpawnLauncher
+from strategies.launch import spawn_launcher
+from strategies.launch.environment import ClusterEnvironment
+from strategies.launch.spawn_launcher import SpawnLauncher
 
 
 def _check_blob(blob: bytes, digest: str) -> tuple[int, int]:

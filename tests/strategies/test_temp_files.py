@@ -1,4 +1,4 @@
-"""Who may delete a temp file: only a writer provably gone (strategies/temp_owner.py); and name claims."""
+"""Who may delete a temp file: only a writer provably gone (strategies/checkpoint_io/temp_owner.py); and name claims."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from strategies.checkpoint_io import remove_stale_temp_files
-from strategies.checkpoint_names import claim_name, release_claim
-from strategies.temp_owner import machine_id, owner_tag, process_start, writer_is_gone
+from strategies.checkpoint_io.atomic_file import remove_stale_temp_files
+from strategies.checkpoint_io.names import claim_name, release_claim
+from strategies.checkpoint_io.temp_owner import machine_id, owner_tag, process_start, writer_is_gone
 from tests.helpers.owners import dead_owner_tag
 
 

@@ -12,7 +12,7 @@ import torch._dynamo  # noqa: F401  (fully_shard imports it on first use, ~140 M
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from strategies.dtensor import full_tensor
+from strategies.model.dtensor import full_tensor
 from tests.helpers.boring import QUIET
 from tests.helpers.dist import run_distributed
 from trainer import Trainer, TrainModule

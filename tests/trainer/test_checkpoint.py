@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 import torch
 
-from strategies.checkpoint_io import atomic_save, remove_stale_temp_files, safe_load
+from strategies.checkpoint_io.atomic_file import atomic_save, remove_stale_temp_files
+from strategies.checkpoint_io.safe_load import safe_load
 from tests.helpers.boring import QUIET, BoringModel
 from tests.helpers.owners import dead_owner_tag
 from trainer import Trainer, seed_everything
-from trainer.checkpoint import FORMAT_VERSION
+from trainer.checkpoint.schema import FORMAT_VERSION
 from trainer.exceptions import CheckpointLoadError, CheckpointSaveError
 
 
@@ -207,7 +208,7 @@ dist.destroy_process_group()
 _LOAD = """
 import sys
 import trainer  # noqa: F401  (does not import torch.distributed.tensor: import time is a benchmark)
-from strategies.checkpoint_io import safe_load
+from strategies.checkpoint_io.safe_load import safe_load
 assert "torch.distributed.tensor" not in sys.modules
 print(safe_load(sys.argv[1])["w"].to_local().tolist())
 """
@@ -219,7 +220,7 @@ def test_safe_load_reads_dtensors_in_a_process_that_never_imported_them(tmp_path
     import subprocess
     import sys
 
-    from strategies.distributed import find_free_port
+    from strategies.comm.distributed import find_free_port
 
     path, env = tmp_path / "dtensor.pt", {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     subprocess.run([sys.executable, "-c", _SAVE_DTENSOR, str(path), str(find_free_port())], check=True, env=env,

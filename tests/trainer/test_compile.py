@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from strategies.compiled import compile_forward, restore_forward, unwrap_compiled
+from strategies.model.compiled import compile_forward, restore_forward, unwrap_compiled
 from tests.helpers.boring import QUIET
 from tests.helpers.runif import run_if
 from trainer import Trainer, TrainModule, seed_everything

@@ -9,9 +9,10 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, Sampler, SequentialSampler
 
 from tests.helpers.boring import RandomDataset
-from trainer import data
+from trainer.data import lengths
+from trainer.data import loaders as data
+from trainer.data.sampling import ResumableSampler, prepare_loader
 from trainer.exceptions import ConfigError, MisconfigurationError
-from trainer.sampling import ResumableSampler, prepare_loader
 
 KW = {"num_replicas": 2, "rank": 1}
 
@@ -129,11 +130,11 @@ def test_a_custom_batch_sampler_is_recreated_around_the_shard():
 
 
 def test_limits_and_lengths():
-    assert data.limit_batches("train", 10, 0.25) == 2
-    assert data.limit_batches("train", 10, 3) == 3
-    assert data.limit_batches("train", math.inf, 1.0) == math.inf
+    assert lengths.limit_batches("train", 10, 0.25) == 2
+    assert lengths.limit_batches("train", 10, 3) == 3
+    assert lengths.limit_batches("train", math.inf, 1.0) == math.inf
     with pytest.raises(ConfigError, match=r"limit_val_batches=0.5 is a fraction, but the val loader has no length"):
-        data.limit_batches("val", math.inf, 0.5)
+        lengths.limit_batches("val", math.inf, 0.5)
 
 
 def test_iterate_marks_the_last_batch_with_and_without_a_length():

@@ -1,4 +1,4 @@
-"""The loop's typed state (trainer/fit_state.py) and what the Trainer makes public from it for callbacks."""
+"""The loop's typed state (trainer/loops/fit_state.py) and what the Trainer makes public from it for callbacks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Trainer's flags are defined once, in `trainer.flags.FLAGS`; the constructor's signature, the frozen
+"""The Trainer's flags are defined once, in `trainer.setup.flags.FLAGS`; the constructor's signature, the frozen
 `RunSpec` and docs/index.md must name the same flags, with the table's defaults."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from strategies.exceptions import ConfigError
 from trainer import Trainer
-from trainer.flags import FLAG_NAMES, FLAGS, RunSpec, parse_flags
+from trainer.setup.flags import FLAG_NAMES, FLAGS, RunSpec, parse_flags
 
 INDEX = Path(__file__).resolve().parents[2] / "docs" / "index.md"
 BUILT_BY_THE_TRAINER = {"callbacks", "logger", "profiler"}  # objects the Trainer builds itself, not spec values

@@ -17,7 +17,7 @@ from callbacks import Callback
 from strategies.exceptions import ConfigError
 from tests.helpers.boring import QUIET, BoringModel
 from trainer import Trainer
-from trainer.preemption import SECOND_INTERRUPT_AFTER_S, StopSignals
+from trainer.ranks.preemption import SECOND_INTERRUPT_AFTER_S, StopSignals
 
 FLAGS = {**QUIET, "max_epochs": 2, "num_sanity_val_steps": 0, "limit_val_batches": 0}  # 8 batches per epoch
 

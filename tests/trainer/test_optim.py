@@ -9,7 +9,7 @@ import torch
 
 from tests.helpers.boring import QUIET, BoringModel
 from trainer import Trainer
-from trainer.optim import normalize_optimizers
+from trainer.core.optimizer_setup import normalize_optimizers
 
 
 def _opt() -> torch.optim.Optimizer:

@@ -1,6 +1,6 @@
 """predict() on several ranks returns, on every rank, what one process returns over the same data: each rank's
 shard (rank r predicts samples r, r+N, ...) is cut into samples, put back into the data set's order and
-re-batched; per-batch objects come back per batch, ordered by their first sample (trainer/predictions.py)."""
+re-batched; per-batch objects come back per batch, ordered by their first sample (trainer/loops/predictions.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from strategies.exceptions import MisconfigurationError
 from tests.helpers.boring import QUIET
 from tests.helpers.dist import run_distributed
 from trainer import Trainer, TrainModule
-from trainer.predictions import restore_order
+from trainer.loops.predictions import restore_order
 
 Pair = namedtuple("Pair", ["out", "index"])
 

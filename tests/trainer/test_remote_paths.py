@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from callbacks import ModelCheckpoint
-from strategies.checkpoint_io import find_checkpoints
+from strategies.checkpoint_io.catalog import find_checkpoints
 from tests.helpers.boring import QUIET, BoringModel
 from tests.helpers.owners import dead_owner_tag
 from trainer import Trainer

@@ -1,7 +1,7 @@
 """torch's own schedulers in checkpoints: the writer accepts exactly what torch's weights-only loader reads.
 
 The writer used to refuse `MultiStepLR` (its milestones are a `collections.Counter`, which torch's safe loader
-allows) with a list of types of our own; the rule is now torch's allowlist (strategies/weights_only.py).
+allows) with a list of types of our own; the rule is now torch's allowlist (strategies/checkpoint_io/weights_only.py).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from torch.optim import lr_scheduler as schedulers
 
+from strategies.checkpoint_io.weights_only import refusal
 from strategies.exceptions import CheckpointSaveError
-from strategies.weights_only import refusal
 from tests.helpers.resume_runs import Net, differences, fit, state_of
 from trainer import TrainModule
 
@@ -145,7 +145,7 @@ class _SavesAnObject(TrainModule):
 
 
 def test_what_the_loader_would_refuse_is_still_refused_at_save_time_naming_the_key(tmp_path: Path):
-    from trainer.checkpoint import check_weights_only_safe
+    from trainer.checkpoint.schema import check_weights_only_safe
 
     checkpoint: dict[str, Any] = {"state_dict": {}}
     _SavesAnObject().on_save_checkpoint(checkpoint)

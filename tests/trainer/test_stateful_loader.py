@@ -15,8 +15,8 @@ from torch.utils.data import TensorDataset
 from callbacks import ModelCheckpoint
 from tests.helpers.boring import QUIET
 from trainer import Trainer, TrainModule, seed_everything
-from trainer.loader_rebuild import ShardedSampler, index_sampler
-from trainer.sampling import prepare_loader
+from trainer.data.loader_rebuild import ShardedSampler, index_sampler
+from trainer.data.sampling import prepare_loader
 
 
 def _data() -> TensorDataset:

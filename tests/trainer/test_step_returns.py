@@ -1,4 +1,4 @@
-"""Which training_steps can return None (trainer/step_returns.py): the ones that get a synchronous agreement."""
+"""Which training_steps can return None (trainer/ranks/step_returns.py): the ones that get a synchronous agreement."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from torch.nn import functional as F
 
 from tests.helpers.boring import QUIET, BoringModel
 from trainer import Trainer
-from trainer.step_returns import training_step_may_skip
+from trainer.ranks.step_returns import training_step_may_skip
 
 
 class Plain(BoringModel):
@@ -130,12 +130,12 @@ def test_a_step_without_readable_source_counts_as_one_that_can_skip():
 
 def test_one_process_does_not_read_the_step_source(monkeypatch: pytest.MonkeyPatch):
     # The reading only shapes the agreement between ranks; a single-process fit has none and skips its cost.
-    import trainer.run_start
+    import trainer.setup.run_start
 
     def refuse(module):
         raise AssertionError("training_step's source was read on one process")
 
-    monkeypatch.setattr(trainer.run_start, "training_step_may_skip", refuse)
+    monkeypatch.setattr(trainer.setup.run_start, "training_step_may_skip", refuse)
     fitted = Trainer(max_steps=2, **QUIET)
     fitted.fit(ExplicitNone())
     assert fitted.global_step == 2

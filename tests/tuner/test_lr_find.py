@@ -16,8 +16,8 @@ from callbacks import Callback
 from strategies.exceptions import ConfigError
 from tests.helpers.boring import QUIET, regression_data
 from trainer import Trainer, TrainModule, seed_everything
-from trainer.lr_finder import sweep_lr
 from trainer.tuner import Tuner
+from trainer.tuner.lr_finder import sweep_lr
 
 NUM_TRAINING = 40
 

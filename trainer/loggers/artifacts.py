@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from strategies.distributed import rank_zero_only
-from strategies.filesystem import get_fs, is_remote, name
+from strategies.checkpoint_io.filesystem import get_fs, is_remote, name
+from strategies.comm.distributed import rank_zero_only
 
 if TYPE_CHECKING:
     from callbacks.checkpoint import ModelCheckpoint
@@ -45,7 +45,7 @@ def checkpoint_stamp(path: str) -> int | None:
             return Path(path).stat().st_mtime_ns
         except OSError:
             return None
-    from strategies import object_store
+    from strategies.checkpoint_io import object_store
 
     fs, inner = get_fs(path)
     record = object_store.read_record(fs, inner)
@@ -79,7 +79,7 @@ def local_checkpoint(path: str) -> Iterator[str]:
     if not is_remote(path):
         yield os.fspath(path)
         return
-    from strategies import object_store
+    from strategies.checkpoint_io import object_store
 
     fs, data, record = object_store.resolve(path)
     with tempfile.TemporaryDirectory(prefix="trainer-artifact-") as tmp:

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from strategies.distributed import rank_zero_only
-from strategies.filesystem import AnyPath, join, list_names, to_path
+from strategies.checkpoint_io.filesystem import AnyPath, join, list_names, to_path
+from strategies.comm.distributed import rank_zero_only
 
 if TYPE_CHECKING:
     from callbacks.checkpoint import ModelCheckpoint

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from strategies.filesystem import AnyPath, join, makedirs, open_file, to_path
+from strategies.checkpoint_io.filesystem import AnyPath, join, makedirs, open_file, to_path
 from trainer.loggers.base import VersionedFolderLogger, flatten_hparams
 
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from strategies.distributed import rank_zero_warn
+from strategies.comm.distributed import rank_zero_warn
 from trainer.loggers.artifacts import (
     changed_checkpoints,
     checkpoint_metadata,

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from strategies.filesystem import makedirs, to_path
+from strategies.checkpoint_io.filesystem import makedirs, to_path
 from trainer.loggers.base import VersionedFolderLogger, flatten_hparams
 
 

@@ -1,0 +1,2 @@
+"""What is done to the model itself: DTensor helpers, meta-device init, activation checkpointing, compile,
+device moves."""

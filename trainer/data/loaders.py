@@ -1,0 +1,112 @@
+"""Dataloaders: resolve them (arguments > datamodule > module hooks), call
+set_epoch, and iterate telling the loop which batch is the last (samplers: trainer/data/sampling.py)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from strategies.exceptions import MisconfigurationError
+from trainer.data.combined_loader import CombinedLoader
+from trainer.data.lengths import loader_length
+
+_HOOKS = {"train": "train_dataloader", "val": "val_dataloader", "test": "test_dataloader",
+          "predict": "predict_dataloader"}
+
+
+def requested(stage: str, given: Any, datamodule: Any, module: Any) -> Any:
+    """What the user gives for `stage`: the argument, else the datamodule's hook, else the module's hook."""
+    if given is not None:
+        return given
+    hook = _HOOKS[stage]
+    for owner in (datamodule, module):
+        fn = getattr(owner, hook, None) if owner is not None else None
+        if fn is not None and not getattr(fn, "_is_default_hook", False):
+            return fn()
+    return None
+
+
+def resolve_loaders(stage: str, given: Any, datamodule: Any, module: Any) -> list[Iterable]:
+    """The evaluation or prediction loaders for `stage`, in `dataloader_idx` order: one loader, a list or tuple,
+    the values of a dict, or the iterables of a `CombinedLoader(mode="sequential")`."""
+    source = requested(stage, given, datamodule, module)
+    if source is None:
+        return []
+    hook = _HOOKS[stage]
+    if isinstance(source, CombinedLoader):
+        if source.mode != "sequential":
+            raise MisconfigurationError(
+                f"{hook}: a CombinedLoader(mode={source.mode!r}) for {stage} is not supported here; evaluation and "
+                "prediction read several loaders one after another: use mode='sequential' (or pass a list)."
+            )
+        source = source.flattened
+    loaders = list(source.values()) if isinstance(source, dict) else \
+        list(source) if isinstance(source, (list, tuple)) else [source]
+    for loader in loaders:
+        if not isinstance(loader, Iterable):
+            raise MisconfigurationError(
+                f"{hook}() returned {type(loader).__name__}; return a DataLoader or an iterable."
+            )
+    return loaders
+
+
+def set_epoch(loader: Iterable, epoch: int) -> None:
+    """Tell samplers (DistributedSampler and friends) which epoch starts, so shuffling changes per epoch."""
+    inner = getattr(loader, "inner_loaders", None)
+    if callable(inner):  # several training loaders read together
+        for each in inner():
+            set_epoch(each, epoch)
+        return
+    for obj in (getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None),
+                getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+        fn = getattr(obj, "set_epoch", None)
+        if callable(fn):
+            fn(epoch)
+
+
+def runs_out(loader: Iterable, batches: int | float) -> bool:
+    """Whether reading `batches` batches reads all of `loader`, so that a `for` loop over it would go on to its end.
+    Never for several loaders read together: Lightning reads no batch past the combined length there (a shorter
+    loader asked for one more would start its next pass, drawing from the RNG)."""
+    if callable(getattr(loader, "inner_loaders", None)):
+        return False
+    return batches != math.inf and loader_length(loader) == batches
+
+
+def run_out(iterator: Iterator[Any]) -> None:
+    """Ask an epoch's iterator for the batch after its last, as the `for` loop of a plain script does.
+
+    Samplers finish their epoch there: RandomSampler with a generator draws one more permutation
+    from it before stopping, so the next epoch starts from the generator state a plain loop has.
+    """
+    next(iterator, None)
+
+
+def iterate(loader: Iterable, max_batches: int | float, start: int = 0) -> Iterator[tuple[int, Any, bool]]:
+    """Yield (batch_idx, batch, is_last) for batches `start` .. `max_batches - 1` of `loader`.
+
+    `loader` may be an iterator already positioned at batch `start` (a resumed epoch). When the
+    count is known the batches are fetched exactly as a plain `for` loop would (so data-side
+    randomness interleaves with the step as in a raw loop); only length-less loaders are read one
+    batch ahead to find the last one.
+    """
+    if max_batches - start <= 0:
+        return
+    if max_batches != math.inf:
+        last = int(max_batches) - 1
+        for idx, batch in enumerate(loader, start=start):
+            yield idx, batch, idx == last
+            if idx == last:
+                return
+        return
+    it = iter(loader)
+    try:
+        current = next(it)
+    except StopIteration:
+        return
+    idx = start
+    for upcoming in it:
+        yield idx, current, False
+        current, idx = upcoming, idx + 1
+    yield idx, current, True

@@ -1,0 +1,145 @@
+"""The loops that do not train: validate and test (`run_evaluation`, also called by fit) and predict. Flat and blind
+to the strategy type, as the fit loop."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from trainer.data import loaders as data
+from trainer.hooks import call_hook
+from trainer.loops.model_mode import ModuleMode
+from trainer.state import RunningStage, TrainerFn
+
+if TYPE_CHECKING:
+    from trainer.loops.fit_state import FitState
+
+_PREFIX = {RunningStage.VALIDATING: "validation", RunningStage.SANITY_CHECKING: "validation",
+           RunningStage.TESTING: "test"}
+_EVAL_ACTION = {RunningStage.VALIDATING: "run_validation", RunningStage.SANITY_CHECKING: "run_sanity_check",
+                RunningStage.TESTING: "run_test"}  # profiler action names
+
+
+def run_evaluation(loop: FitState, stage: RunningStage) -> list[dict[str, float]]:
+    """Validation, sanity check or test over every eval loader; returns one metrics dict per loader."""
+    s, prefix, state = loop.strategy, _PREFIX[stage], loop.trainer.state
+    module, mode = s.module, ModuleMode()
+    previous_stage, state.stage = state.stage, stage
+    with loop.using_results(loop.new_eval_results()) as results:
+        if stage == RunningStage.SANITY_CHECKING:
+            call_hook(loop, "on_sanity_check_start")
+        mode.enter(module, prefix)  # on_{validation,test}_model_eval
+        call_hook(loop, f"on_{prefix}_start")
+        call_hook(loop, f"on_{prefix}_epoch_start")
+        loaders, limits = loop.eval_loaders(stage)  # after the start hooks: BatchSizeFinder may rebuild them
+        many = len(loaders) > 1
+        with loop.strategy.evaluation_context(_inference_mode(loop)), \
+                loop.trainer.profiler.action(_EVAL_ACTION[stage]):
+            for dl_idx, (loader, limit) in enumerate(zip(loaders, limits, strict=True)):
+                results.key_suffix = f"/dataloader_idx_{dl_idx}" if many else ""
+                _evaluate_loader(loop, results, loader, limit, prefix, (dl_idx,) if many else ())
+        results.key_suffix = ""
+        metrics = _eval_epoch_end(loop, results, stage, prefix)
+        if stage == RunningStage.VALIDATING:
+            loop.position.validation_finished()  # a checkpoint from on_validation_end on counts it as done
+        call_hook(loop, f"on_{prefix}_end")
+        mode.leave(module, prefix)  # on_{validation,test}_model_train, or the modes from before
+        if stage == RunningStage.SANITY_CHECKING:
+            call_hook(loop, "on_sanity_check_end")
+    state.stage = previous_stage
+    return _split_by_loader(metrics, len(loaders))
+
+
+def _evaluate_loader(loop: FitState, results: Any, loader: Any, limit: int | float, prefix: str,
+                     extra: tuple[int, ...]) -> None:
+    """One evaluation loader. Its shards may hold different numbers of batches on different ranks (no padding, or
+    no length): from the first step some rank may lack, every step is a round that every rank joins
+    (`reduce_eval_step`, before and after the batch-end hook), so a per-step sync_dist value never leaves a rank
+    waiting; a rank that has run out joins the remaining rounds with nothing to add."""
+    control = loop.control
+    counts = control.eval_batch_counts(limit)  # None: the same known count on every rank (or one process)
+    joined_from = math.inf if counts is None else max(min(counts), 0)  # counts known and different: the fewest
+    more = counts is not None  # whether this rank must join the round at joined_from (or after its last step)
+    for batch_idx, batch, is_last in data.iterate(loader, limit):
+        results.defer_eval_sync = joined = batch_idx >= joined_from
+        batch = loop.to_device(batch, extra[0] if extra else 0)
+        results.set_batch(batch)
+        call_hook(loop, f"on_{prefix}_batch_start", batch, batch_idx, *extra)
+        out = loop.run_step(f"{prefix}_step", batch, batch_idx, *extra)
+        if joined:  # reduced before the batch-end hook reads it, as a value reduced in self.log would be
+            control.reduce_eval_step(results)
+        call_hook(loop, f"on_{prefix}_batch_end", out, batch, batch_idx, *extra)
+        if joined:
+            more = control.reduce_eval_step(results, more=not is_last)
+    results.defer_eval_sync = False
+    while counts is not None and more:  # rounds of steps this rank does not have
+        control.reduce_eval_step(results)
+        more = control.reduce_eval_step(results)
+
+
+def _eval_epoch_end(loop: FitState, results: Any, stage: RunningStage, prefix: str) -> dict[str, float]:
+    """Epoch metrics (readable in the epoch-end hook), the hook, late metrics; sanity checks log nothing."""
+    if stage == RunningStage.SANITY_CHECKING:
+        call_hook(loop, f"on_{prefix}_epoch_end")
+        results.reset()  # after the hook: a metric's compute() in it sees the sanity batches, as in Lightning
+        return {}
+    step = loop.metrics.logging_step
+    computed = results.epoch_end(f"{prefix} epoch end")
+    loop.metrics.epoch_end({**computed, "logger": {}}, step, None)
+    call_hook(loop, f"on_{prefix}_epoch_end")
+    late = results.epoch_end(f"on_{prefix}_epoch_end")
+    results.reset_metric_objects()  # after the hook, so compute() in it gives the epoch value (as in Lightning)
+    merged = {k: {**computed[k], **late[k]} for k in computed}
+    epoch = loop.progress.current_epoch if loop.trainer.state.fn == TrainerFn.FITTING else None
+    loop.metrics.epoch_end(merged, step, epoch)
+    return {k: float(v) for k, v in merged["callback"].items()}
+
+
+def _split_by_loader(metrics: Mapping[str, float], count: int) -> list[dict[str, float]]:
+    if count <= 1:
+        return [dict(metrics)] if count else []
+    out: list[dict[str, float]] = [{} for _ in range(count)]
+    for key, value in metrics.items():
+        for idx in range(count):
+            if key.endswith(f"/dataloader_idx_{idx}"):
+                out[idx][key] = value
+                break
+        else:
+            for part in out:
+                part[key] = value
+    return out
+
+
+def run_predict(loop: FitState, return_predictions: bool = True) -> list[Any] | None:
+    """Predict over every predict loader; returns predictions (a list per loader when several), on every rank
+    those of all ranks in the data set's order; None with `return_predictions=False`."""
+    module, mode, kept = loop.strategy.module, ModuleMode(), loop.predict_loop
+    mode.enter(module, "predict")  # on_predict_model_eval
+    loop.trainer.state.stage = RunningStage.PREDICTING
+    call_hook(loop, "on_predict_start")
+    call_hook(loop, "on_predict_epoch_start")
+    loaders, limits = loop.loaders.predict, loop.loaders.predict_limits  # after the hooks (BatchSizeFinder)
+    kept.start(loaders, return_predictions, loop.trainer.callbacks, loop.strategy.world_size)
+    many = len(loaders) > 1
+    with loop.strategy.evaluation_context(_inference_mode(loop)), loop.trainer.profiler.action("run_predict"):
+        for dl_idx, (loader, limit) in enumerate(zip(loaders, limits, strict=True)):
+            extra = (dl_idx,) if many else ()
+            for batch_idx, batch, _ in data.iterate(loader, limit):
+                kept.batch_fetched(dl_idx, batch_idx)  # the batch's dataset indices, for prediction writers
+                batch = loop.to_device(batch, dl_idx)
+                call_hook(loop, "on_predict_batch_start", batch, batch_idx, *extra)
+                out = loop.run_step("predict_step", batch, batch_idx, *extra)
+                call_hook(loop, "on_predict_batch_end", out, batch, batch_idx, *extra)
+                kept.add(dl_idx, out)
+    call_hook(loop, "on_predict_epoch_end")
+    kept.end()
+    call_hook(loop, "on_predict_end")
+    mode.leave(module, "predict")
+    return kept.result(loop.strategy)  # every rank's predictions in the data set's order (trainer/loops/predictions.py)
+
+
+def _inference_mode(loop: FitState) -> bool:
+    """Lightning's rule: validate/test/predict follow the `inference_mode` flag; validation inside fit runs in
+    no_grad (tensors made under inference_mode cannot be used by the training that follows)."""
+    return loop.spec.inference_mode and loop.trainer.state.fn != TrainerFn.FITTING

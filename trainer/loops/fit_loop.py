@@ -1,0 +1,203 @@
+"""The fit loop and the training step. Flat, and blind to the strategy type: every difference
+between single device, DP, DDP and ZeRO is behind `loop.strategy`. They take the run's `FitState`
+(trainer/loops/fit_state.py), not the Trainer. Hook order: see trainer.hooks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from torch import Tensor
+
+from strategies.comm.distributed import rank_zero_info
+from trainer.checkpoint import resume
+from trainer.checkpoint.loop_position import Phase
+from trainer.data import loaders as data
+from trainer.data.sampling import resumable_sampler
+from trainer.hooks import call_hook
+from trainer.loops.automatic_optimization import TrainingClosure, step_window
+from trainer.loops.evaluation_loop import run_evaluation
+from trainer.loops.model_mode import zero_grad_before_validation
+from trainer.ranks import preemption
+from trainer.seed import capture_rng_state, restore_rng_state
+from trainer.state import RunningStage
+
+if TYPE_CHECKING:
+    from trainer.loops.fit_state import FitState
+
+
+def _detached(out: Any, loss: Tensor | None) -> Any:
+    """What on_train_batch_end receives: the step output with the loss detached (as in Lightning)."""
+    if loss is None:
+        return out
+    if out is loss:
+        return {"loss": loss.detach()}
+    if isinstance(out, Mapping):
+        return {**out, "loss": loss.detach()}
+    return {"loss": loss.detach()}
+
+
+def train_one_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> Any:
+    """Automatic optimization (trainer/loops/automatic_optimization.py): on the batch that closes its accumulation
+    window the module's optimizer_step runs the closure (training_step, backward) and steps; other batches run the
+    closure."""
+    is_last_micro = loop.schedule.window_ends(batch_idx, is_last)
+    closure = TrainingClosure(loop, batch, batch_idx, is_last, is_last_micro)
+    if is_last_micro:
+        step_window(loop, batch_idx, closure)
+    else:
+        with loop.strategy.no_backward_sync(True):  # wraps forward and backward
+            closure()
+    return _detached(closure.output, closure.loss)
+
+
+def train_one_batch_manual(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> Any:
+    """Manual optimization: the step does its own backward and optimizer calls."""
+    with loop.strategy.manual_step_context():
+        out = loop.run_step("training_step", batch, batch_idx)
+    loss = out.get("loss") if isinstance(out, Mapping) else out
+    loop.control.after_training_step(loop, loss if isinstance(loss, Tensor) else None, is_last, False)
+    return out
+
+
+def run_train_epoch(loop: FitState) -> None:
+    """One training epoch, with validation wherever it is due."""
+    progress, schedule, position = loop.progress, loop.schedule, loop.position
+    resume.before_epoch(loop)  # RNG of an epoch-boundary resume first: the loaders may be requested again next
+    loop.reload_if_due("train")
+    loader, num_batches = loop.loaders.train, schedule.num_training_batches
+    iterator, start = _start_epoch(loop, loader)
+    runs_out, sampler, stopped = data.runs_out(loader, num_batches), resumable_sampler(loader), False
+    position.before_fetch(sampler)
+    last_seen, action = False, loop.trainer.profiler.action  # a shared no-op context when not profiling
+    for batch_idx, batch, is_last in data.iterate(iterator, num_batches, start):
+        last_seen = is_last
+        with action("run_training_batch"):
+            trained = _train_batch(loop, batch, batch_idx, is_last)
+        if not trained:
+            break
+        if is_last and runs_out:
+            data.run_out(iterator)  # as a plain `for` loop over the loader does
+        if schedule.val_due(batch_idx, is_last):
+            _validate_during_fit(loop)
+        if schedule.stop_in_epoch():
+            stopped = not is_last
+            break
+        position.before_fetch(sampler)
+    else:
+        if not last_seen and num_batches > start:  # the data ended before the announced last batch
+            loop.control.ran_dry(loop)
+            _stop_on_agreed_signal(loop)
+    # the fit ends inside this epoch: checkpoints from here on continue it (trainer/checkpoint/loop_position.py)
+    if stopped:
+        resume.freeze_at_stop(loop)
+    progress.epoch_finished = True
+    _train_epoch_end(loop, complete=not stopped)
+
+
+def _start_epoch(loop: FitState, loader: Any) -> tuple[Any, int]:
+    """Epoch set-up up to the first batch: sampler epoch, hooks, the iterator (positioned on resume), count check,
+    and a validation still due after the batch a mid-epoch checkpoint was taken at."""
+    progress, schedule = loop.progress, loop.schedule
+    num_batches = schedule.num_training_batches
+    data.set_epoch(loader, progress.current_epoch)
+    loop.trainer.state.stage = RunningStage.TRAINING
+    loop.strategy.module.train()
+    call_hook(loop, "on_train_epoch_start")
+    loop.strategy.sync_trainable_parameters()  # a callback may have unfrozen layers (callbacks/finetuning.py)
+    iterator, start = resume.open_epoch(loop, loader)
+    progress.epoch_batches, progress.epoch_finished = start, False
+    loop.control.check_batch_counts(num_batches)
+    if start and not progress.val_started and schedule.val_due(start - 1, start == num_batches):
+        _validate_during_fit(loop)  # the save came before the validation due after that batch
+    return iterator, start
+
+
+def _train_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> bool:
+    """One batch with its hooks, logging and an agreed stop; False when on_train_batch_start returned -1."""
+    progress, results, metrics, position = loop.progress, loop.train_results, loop.metrics, loop.position
+    position.phase = Phase.BATCH_STARTED
+    progress.val_started = False
+    metrics.train_batch_starts()
+    batch = loop.to_device(batch, 0)
+    results.set_batch(batch)
+    if call_hook(loop, "on_train_batch_start", batch, batch_idx) == -1:
+        return False
+    step_fn = train_one_batch if loop.automatic else train_one_batch_manual
+    outputs = step_fn(loop, batch, batch_idx, is_last)
+    progress.epoch_batches += 1
+    progress.total_batches += 1
+    position.phase = Phase.BETWEEN_BATCHES
+    call_hook(loop, "on_train_batch_end", outputs, batch, batch_idx)
+    stepped = not loop.automatic or loop.schedule.window_ends(batch_idx, is_last)
+    metrics.step_end(results, stepped, progress.current_epoch, loop.schedule.should_stop)
+    _stop_on_agreed_signal(loop)
+    return True
+
+
+def _stop_on_agreed_signal(loop: FitState) -> None:
+    if loop.control.stop_signal:  # agreed by every rank after this same batch
+        preemption.stop_and_exit(loop.trainer, loop.control.stop_signal)
+
+
+def _validate_during_fit(loop: FitState) -> None:
+    loop.reload_if_due("val")
+    loop.progress.val_started = True
+    zero_grad_before_validation(loop.strategy.module, loop.window_has_loss)
+    loop.position.validation_started(capture_rng_state())
+    with loop.control.outside_steps():  # no step bound on collectives during validation
+        run_evaluation(loop, RunningStage.VALIDATING)
+    loop.position.validation_finished()
+    loop.schedule.validation_ran()
+    loop.trainer.state.stage = RunningStage.TRAINING
+
+
+def _train_epoch_end(loop: FitState, complete: bool) -> None:
+    """Epoch metrics (readable in on_train_epoch_end), the hook, late metrics, epoch schedulers.
+
+    Epoch-interval schedulers step only after a complete epoch (as in Lightning): not when the fit
+    stops inside it, so that a resume continuing that epoch steps them once, at its real end.
+    """
+    results, p, metrics = loop.train_results, loop.progress, loop.metrics
+    loop.control.epoch_ends()  # epoch-end hooks and the next epoch's data loaders: no step bound
+    metrics.epoch_end(results.epoch_end("training epoch end"), metrics.train_epoch_step, p.current_epoch)
+    call_hook(loop, "on_train_epoch_end")
+    metrics.epoch_end(results.epoch_end("on_train_epoch_end"), metrics.train_epoch_step, p.current_epoch)
+    results.reset_metric_objects()  # after the epoch-end hooks, so compute() in them gives the epoch value
+    if complete:
+        loop.scheduler_stepper.step("epoch", p.current_epoch + 1, metrics.callback_metrics)
+    p.current_epoch += 1
+    p.epoch_finished, p.epoch_batches, p.epoch_opened = False, 0, False
+
+
+def run_fit(loop: FitState) -> None:
+    """Sanity check, then epochs until a limit (max_epochs, max_steps, max_time, should_stop) is hit.
+
+    A Trainer that already reached its limit trains nothing (as in Lightning) and says so. The
+    sanity check leaves every RNG as it found it, so it does not shift the run's random draws.
+    """
+    reached = loop.schedule.limit_reached()
+    if reached is not None:
+        rank_zero_info(
+            f"`Trainer.fit` stopped: {reached} reached; this Trainer has nothing left to train. To train further, "
+            "create a Trainer with a higher limit and call fit(model, ckpt_path=<a checkpoint of this run>)."
+        )
+        return
+    val_limits = loop.loaders.val_limits
+    if val_limits and loop.schedule.sanity_steps(max(val_limits)):
+        rng = capture_rng_state()
+        loop.position.validation_started(rng)  # a checkpoint taken in it records the RNG from before it
+        run_evaluation(loop, RunningStage.SANITY_CHECKING)
+        restore_rng_state(rng)
+        loop.position.validation_finished()
+        loop.loaders.sanity_checked()
+    call_hook(loop, "on_train_start")
+    while not loop.schedule.fit_done():
+        with loop.trainer.profiler.action("run_training_epoch"):
+            run_train_epoch(loop)
+    late_signal = loop.control.stop_signal_after_fit()  # e.g. Ctrl-C during the final validation
+    if late_signal:
+        preemption.stop_and_exit(loop.trainer, late_signal)
+    call_hook(loop, "on_train_end")
+

@@ -1,0 +1,180 @@
+"""The loop's own state, in one typed object: what the loops, resume, control, checkpoint and rank-result code
+read and change while a run goes on.
+
+Why one object: the loops used to share the Trainer through dozens of reads of its private attributes, and the
+results in use were switched by pointer swaps in five places. Here each piece has one owner and a type; the
+Trainer builds one `FitState` and is a facade over it (its public properties read from here), and the modules
+that run the loop take the `FitState` instead of the Trainer. The results in use change only through
+`using_results`, which puts the previous ones back however the block ends.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.optim import Optimizer
+from torch.utils.data import DataLoader
+
+from strategies.base import Strategy
+from strategies.wrapped_optimizer import StrategyOptimizer
+from trainer.checkpoint.loop_position import LoopPosition
+from trainer.core.optimizer_setup import SchedulerConfig, SchedulerStepper
+from trainer.data.batch_transfer import BatchTransfer
+from trainer.data.stage_loaders import StageLoaders
+from trainer.hooks import HookDispatcher
+from trainer.loops.predictions import PredictLoop
+from trainer.loops.schedule import FitSchedule
+from trainer.metrics.results import ResultCollection
+from trainer.metrics.routing import MetricsRouter
+from trainer.ranks.agreement import ControlPlane
+from trainer.setup.flags import RunSpec
+from trainer.state import Progress, RunningStage, TrainerFn
+
+if TYPE_CHECKING:
+    from trainer.checkpoint.resume import ResumePoint
+    from trainer.trainer import Trainer
+
+
+@dataclass(eq=False)
+class FitState:
+    """Everything a run's loops keep between two batches, and the Trainer they report to.
+
+    Attributes:
+        trainer: the public facade; hooks receive it, and its callbacks, loggers and datamodule are read there.
+        spec: the frozen flags.
+        strategy: the Strategy instance.
+        progress: the counters that say where the fit loop is (saved in checkpoints).
+        position: what a checkpoint taken now records as the loop position.
+        schedule: when validation is due and when the fit stops.
+        control: the per-step agreement between ranks.
+        metrics: where logged values go (callback, logged and progress-bar metrics, the loggers).
+        hooks: the hook dispatcher.
+        train_results: what `self.log` collects during training.
+        results: the results in use now (the training ones, or an evaluation's); see `using_results`.
+        loaders: the run's dataloaders and their batch limits.
+        optimizers: the optimizers as the strategy set them up.
+        lr_scheduler_configs: the schedulers from configure_optimizers, with their interval and frequency.
+        scheduler_stepper: steps the schedulers at their interval.
+        user_optimizers: what `TrainModule.optimizers()` returns and `optimizer_step` receives: the optimizers
+            wrapped so that `.step(closure)` goes through the strategy (strategies/wrapped_optimizer.py).
+        automatic: automatic (True) or manual optimization.
+        custom_clipping: the module overrides `configure_gradient_clipping` (called at every step then).
+        window_has_loss: the open accumulation window has a backward in it.
+        step_taken: the optimizer stepped in the running `optimizer_step` (False: skipped by an AMP overflow).
+        resume_point: where a restored checkpoint left off, consumed by the next training epoch.
+        module: the TrainModule attached to the run (None before the first one).
+        compiler: the compile context of the `torch.compile` call `module` came wrapped in (None: not compiled);
+            the strategy compiles the module's forward with it in every run (strategies/model/compiled.py).
+        launcher_pid: the process that built the Trainer; a rank in another one (spawn) sends its outcome back.
+        transfer: the batch-transfer hooks (trainer/data/batch_transfer.py), picked once per run.
+        no_batch_idx: the step methods whose signature takes no `batch_idx` (trainer/setup/step_signature.py).
+        predict_loop: what predict keeps: predictions and the batches' dataset indices (trainer/loops/predictions.py).
+    """
+
+    trainer: Trainer
+    spec: RunSpec
+    strategy: Strategy
+    progress: Progress
+    position: LoopPosition
+    schedule: FitSchedule
+    control: ControlPlane
+    metrics: MetricsRouter
+    hooks: HookDispatcher
+    train_results: ResultCollection
+    results: ResultCollection
+    loaders: StageLoaders = field(default_factory=StageLoaders)
+    optimizers: list[Optimizer] = field(default_factory=list)
+    lr_scheduler_configs: list[SchedulerConfig] = field(default_factory=list)
+    scheduler_stepper: SchedulerStepper = field(default_factory=lambda: SchedulerStepper([]))
+    user_optimizers: list[StrategyOptimizer] = field(default_factory=list)
+    automatic: bool = True
+    custom_clipping: bool = False
+    window_has_loss: bool = False
+    step_taken: bool = False
+    resume_point: ResumePoint | None = None
+    module: Any = None
+    compiler: Any = None
+    launcher_pid: int = field(default_factory=os.getpid)
+    transfer: BatchTransfer = field(default_factory=BatchTransfer)
+    no_batch_idx: frozenset[str] = frozenset()
+    predict_loop: PredictLoop = field(default_factory=PredictLoop)
+
+    @contextmanager
+    def using_results(self, results: ResultCollection) -> Iterator[ResultCollection]:
+        """`self.log` goes to `results` inside the block; the results in use before come back after it."""
+        previous, self.results = self.results, results
+        try:
+            yield results
+        finally:
+            self.results = previous
+
+    def new_eval_results(self) -> ResultCollection:
+        """A fresh collection for one evaluation, reduced and key-checked like the training one."""
+        return ResultCollection(self.strategy.all_reduce, self.control.check_sync_keys)
+
+    def run_step(self, name: str, *args: Any) -> Any:
+        """`module.<name>(*args)` through the strategy's wrapper, with `self.log` attributed to that step."""
+        results = self.results
+        previous, results.current_fx = results.current_fx, name  # inside optimizer_step: back to it afterwards
+        if name in self.no_batch_idx:  # `training_step(self, batch)`: called without batch_idx, as in Lightning
+            args = args[:1] + args[2:]
+        try:
+            return self.strategy.step(name, *args)
+        finally:
+            results.current_fx = previous
+
+    def to_device(self, batch: Any, dataloader_idx: int = 0) -> Any:
+        """The batch on the run's device, through the batch-transfer hooks when the user defined any."""
+        return self.transfer(self.strategy, batch, dataloader_idx)
+
+    def clip_gradients(self, optimizer: Optimizer) -> None:
+        """Clip as `gradient_clip_val` / `gradient_clip_algorithm` say; nothing when the value is None or 0."""
+        value = self.spec.gradient_clip_val
+        if value is None or value == 0:
+            return
+        if self.spec.gradient_clip_algorithm == "norm":
+            self.strategy.clip_gradients(optimizer, max_norm=value)
+        else:
+            self.strategy.clip_gradients(optimizer, max_value=value)
+
+    def reload_if_due(self, stage: str) -> None:
+        """`reload_dataloaders_every_n_epochs`: the `stage` loaders requested again when due (before the epoch's
+        data is read, or before a validation), and the schedule on the new training batch count."""
+        if self.loaders.reload_due(stage, self.progress.current_epoch) and stage == "train":
+            self.schedule.set_batches(self.loaders.num_train, self.schedule.has_validation)
+            _draw_as_lightning_reload(self.loaders.train)
+
+    def reload_dataloaders(self) -> None:
+        """Build this run's loaders again from their sources, and the fit's schedule on the new batch counts."""
+        self.loaders.reload()
+        if self.trainer.state.fn == TrainerFn.FITTING:
+            self.schedule.start(self.loaders.num_train, bool(self.loaders.val), self.strategy.world_size)
+
+    def eval_loaders(self, stage: RunningStage) -> tuple[list[Any], list[int | float]]:
+        """The loaders an evaluation stage runs over, and how many batches of each (sanity: its few steps)."""
+        if stage == RunningStage.TESTING:
+            return self.loaders.test, self.loaders.test_limits
+        if stage == RunningStage.SANITY_CHECKING:
+            return self.loaders.val, [self.schedule.sanity_steps(n) for n in self.loaders.val_limits]
+        return self.loaders.val, self.loaders.val_limits
+
+    def optimizers_for_user(self, wrapped: bool = True) -> list[Any]:
+        """What `TrainModule.optimizers()` hands out: the wrappers that step through the strategy, or (wrapped=False)
+        the optimizers themselves."""
+        return self.user_optimizers if wrapped else self.optimizers
+
+
+def _draw_as_lightning_reload(train: Any) -> None:
+    """Lightning opens a reloaded training loader's iterator twice (when it requests it, and at the epoch start),
+    and each DataLoader iterator draws its worker base seed from the RNG: draw that seed once per DataLoader too
+    (without starting an iterator, so no worker starts), and the epoch's shuffle is the one Lightning gives."""
+    inner = getattr(train, "inner_loaders", None)
+    for loader in inner() if callable(inner) else [train]:
+        if isinstance(loader, DataLoader):
+            torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+

@@ -1,0 +1,166 @@
+"""Where logged values go: `callback_metrics`, `logged_metrics`, `progress_bar_metrics` and the
+loggers. Owns the `log_every_n_steps` cadence, and reads step values lazily so that a run that logs
+every step pays no device sync until a logger or the progress bar asks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch import Tensor
+
+from trainer.core.hparams import hparams_for_loggers
+from trainer.metrics.results import ResultCollection, to_python
+from trainer.state import Progress
+
+
+class MetricsRouter:
+    """Merges what the running loops logged into the three user-visible dicts, and feeds loggers."""
+
+    def __init__(self, log_every_n_steps: int, progress: Progress) -> None:
+        self.log_every_n_steps = log_every_n_steps
+        self._progress = progress
+        self.loggers: Sequence[Any] = ()
+        self._callback: dict[str, Tensor] = {}
+        self._logged: dict[str, Any] = {}
+        self._progress_bar: dict[str, Tensor] = {}
+        self._live: ResultCollection | None = None  # the train results whose step values are current
+        self._stepped_now = False  # the last training batch closed an accumulation window
+
+    def reset(self) -> None:
+        self._callback.clear()
+        self._logged.clear()
+        self._progress_bar.clear()
+        self._live = None
+        self._stepped_now = False
+
+    def watch(self, results: ResultCollection | None) -> None:
+        """Step values of `results` show up in callback/progress-bar metrics until the next watch()."""
+        if self._live is not None and self._live is not results:
+            self._persist_live()
+        self._live = results
+
+    def _persist_live(self) -> None:
+        assert self._live is not None
+        self._callback.update(self._live.step_metrics("callback"))
+        self._progress_bar.update(self._live.step_metrics("prog_bar"))
+
+    # --- what users read --------------------------------------------------------------------------
+    @property
+    def callback_metrics(self) -> dict[str, Tensor]:
+        if self._live is None:
+            return dict(self._callback)
+        return {**self._callback, **self._live.step_metrics("callback")}
+
+    @property
+    def progress_bar_metrics(self) -> dict[str, float]:
+        merged = dict(self._progress_bar)
+        if self._live is not None:
+            merged.update(self._live.step_metrics("prog_bar"))
+        return to_python(merged)
+
+    @property
+    def logged_metrics(self) -> dict[str, Any]:
+        return dict(self._logged)
+
+    def log_hyperparams(self, module: Any, datamodule: Any) -> None:
+        """Send the module's and datamodule's `hparams_initial` to every logger (trainer/core/hparams.py)."""
+        params = hparams_for_loggers(module, datamodule)
+        if params:
+            for logger in self.loggers:
+                logger.log_hyperparams(params)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"callback": self.callback_metrics, "logged": self.logged_metrics}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._callback.update(state.get("callback", {}))
+        self._logged.update(state.get("logged", {}))
+
+    def adopt(self, callback: dict[str, Tensor], logged: dict[str, Any]) -> None:
+        """Take over the metrics a rank in another process produced (ddp_spawn)."""
+        self._live = None
+        self._callback, self._logged = dict(callback), dict(logged)
+
+    # --- the logging cadence ----------------------------------------------------------------------
+    def log_due(self, stepped: int) -> bool:
+        """Does the `stepped`-th batch that steps the optimizer send its step values to the loggers?
+
+        Lightning's count: batches that closed an accumulation window (optimizer steps with one optimizer; every
+        batch in manual optimization), not batches: with accumulate_grad_batches=4 and log_every_n_steps=2,
+        every 8th batch. 0 never logs at steps.
+        """
+        n = self.log_every_n_steps
+        return bool(self.loggers) and n > 0 and stepped % n == 0
+
+    @property
+    def batch_starting_logs(self) -> bool:
+        """In `on_train_batch_start`: will the next optimizer step's values reach the loggers? (Lightning asks the
+        same question at every batch of the window that step closes.)"""
+        return self.log_due(self._progress.stepped_batches + 1)
+
+    def send_measured(self, values: dict[str, float], step: int) -> None:
+        """Send values a callback measured itself (not `self.log` values) to the loggers at `step`.
+
+        They stay out of `logged_metrics`, as a Lightning callback writing to its loggers does.
+        """
+        for logger in self.loggers:
+            logger.log_metrics(values, step=step)
+
+    def send_computed(self, values: dict[str, float], step: int) -> None:
+        """Send values a callback computed to the loggers and into `logged_metrics` (Lightning's
+        `trainer._logger_connector.log_metrics`, which ThroughputMonitor logs through); nothing without a logger."""
+        if self.loggers and values:
+            self._send(values, step)
+
+    # --- updates from the loops -------------------------------------------------------------------
+    def step_end(self, results: ResultCollection, stepped: bool, epoch: int, stopping: bool = False) -> None:
+        """After each training batch (`stepped`: it closed an accumulation window): send its step values to the
+        loggers when the cadence says so, or when a stop was requested (`should_stop`, as Lightning), at Lightning's
+        step: the number of stepping batches before this one."""
+        self._stepped_now = stepped
+        if not stepped:
+            return
+        count = self._progress.stepped_batches + 1
+        self._progress.stepped_batches = count
+        if not (self.log_due(count) or (stopping and self.loggers and self.log_every_n_steps > 0)):
+            return
+        values = results.step_metrics("logger")
+        if values:
+            self._send({**to_python(values), "epoch": epoch}, count - 1)
+
+    def train_batch_starts(self) -> None:
+        """A training batch begins: the batch before it is done (see `logging_step`)."""
+        self._stepped_now = False
+
+    @property
+    def logging_step(self) -> int:
+        """The step a value sent now goes out at, as Lightning's: the batches that stepped the optimizer before the
+        current training batch, which the validation after a batch shares with that batch's step values (Lightning
+        counts a batch once everything after it ran). Used for validation values and by callbacks that send their
+        own values (ThroughputMonitor, DeviceStatsMonitor)."""
+        return self._progress.stepped_batches - self._stepped_now
+
+    @property
+    def train_epoch_step(self) -> int:
+        """Lightning's step for training epoch-end values: the step of the epoch's last step values."""
+        return self._progress.stepped_batches - 1
+
+    def epoch_end(self, computed: dict[str, dict[str, Tensor]], step: int, epoch: int | None) -> dict[str, float]:
+        """Record epoch values (from ResultCollection.epoch_end) and send them to the loggers."""
+        if self._live is not None:  # the bar lists names in the order they were first logged, as Lightning's does
+            for key, value in self._live.step_metrics("prog_bar").items():
+                self._progress_bar.setdefault(key, value)
+        self._callback.update(computed["callback"])
+        self._progress_bar.update(computed["prog_bar"])
+        values = to_python(computed["logger"])
+        if values:
+            if epoch is not None:
+                values["epoch"] = epoch
+            self._send(values, step)
+        return values
+
+    def _send(self, values: dict[str, float], step: int) -> None:
+        self._logged.update(values)
+        for logger in self.loggers:
+            logger.log_metrics(values, step=step)

@@ -1,0 +1,112 @@
+"""What a run does with the user's objects before its first batch, in Lightning's order: merge the callbacks the
+module returns from `configure_callbacks`, refuse Lightning hooks that would not be called, run `prepare_data`
+once per machine (the other ranks wait), call `configure_model`, and read the step signatures and batch-transfer
+hooks once."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from strategies.comm.distributed import rank_zero_info
+from strategies.exceptions import ConfigError, MisconfigurationError
+from trainer.hooks import is_overridden
+from trainer.ranks.step_returns import training_step_may_skip
+from trainer.setup.step_signature import check_dataloader_idx, steps_without_batch_idx
+from trainer.setup.uncalled_hooks import refuse_uncalled_hooks
+from trainer.state import TrainerFn
+
+if TYPE_CHECKING:
+    from trainer.loops.fit_state import FitState
+    from trainer.trainer import Trainer
+
+
+def merge_model_callbacks(given: list[Any], returned: Any) -> list[Any]:
+    """`given` with the callbacks from `configure_callbacks()`: one whose type is (a subclass of) a given callback's
+    type replaces every given callback of that type; ModelCheckpoint callbacks go last (Lightning's rule)."""
+    if not returned:
+        return given
+    from callbacks.base import Callback
+    from callbacks.checkpoint import ModelCheckpoint
+
+    model_callbacks = list(returned) if isinstance(returned, Sequence) else [returned]
+    for cb in model_callbacks:
+        if not isinstance(cb, Callback):
+            raise MisconfigurationError(
+                f"configure_callbacks() returned {cb!r}, which is not a callbacks.Callback instance."
+            )
+    given_types = {type(cb) for cb in given} - {Callback}
+    replaced = {kind for kind in given_types if any(issubclass(type(cb), kind) for cb in model_callbacks)}
+    if replaced:
+        rank_zero_info("The callbacks from `configure_callbacks` replace the Trainer's: "
+                       f"{', '.join(sorted(kind.__name__ for kind in replaced))}")
+    merged = [cb for cb in given if type(cb) not in replaced] + model_callbacks
+    keys = [cb.state_key for cb in merged]
+    duplicates = sorted({k for k in keys if keys.count(k) > 1})
+    if duplicates:
+        raise ConfigError(f"configure_callbacks() adds callbacks whose state_key(s) {duplicates} are already used; "
+                          "their checkpoint states would collide.")
+    return [cb for cb in merged if not isinstance(cb, ModelCheckpoint)] + [
+        cb for cb in merged if isinstance(cb, ModelCheckpoint)
+    ]
+
+
+def before_environment(trainer: Trainer, module: Any) -> None:
+    """Before any process group exists: the module's callbacks join, then the uncalled-hook check."""
+    trainer.callbacks = merge_model_callbacks(trainer.callbacks, module.configure_callbacks())
+    trainer.fit_state.hooks.reset()
+    refuse_uncalled_hooks(module, trainer.datamodule, trainer.callbacks)
+
+
+def prepare_data(trainer: Trainer, module: Any) -> None:
+    """The DataModule's, then the module's `prepare_data`, each where Lightning runs it: on local rank 0 of every
+    machine (`prepare_data_per_node=True`, the default) or on global rank 0 only; every rank waits for it."""
+    from trainer.core.datamodule import DataModule
+    from trainer.core.module import TrainModule
+
+    local_zero = trainer.local_rank == 0
+    global_zero = local_zero and trainer.node_rank == 0
+    for obj, base in ((trainer.datamodule, DataModule), (module, TrainModule)):
+        if obj is None or not is_overridden(obj, "prepare_data", base):
+            continue
+        if local_zero if obj.prepare_data_per_node else global_zero:
+            obj.prepare_data()
+        trainer.strategy.barrier("prepare_data")
+
+
+def configure_model(strategy: Any, module: Any) -> None:
+    """`configure_model()` after `setup`, before the strategy sets the module up (when the user defined it), inside
+    the strategy's `tensor_init_context()`: layers it creates are built on the device in the precision's dtype, or
+    on the meta device under a sharding strategy (materialised shard by shard when the strategy wraps the module)."""
+    from trainer.core.module import TrainModule
+
+    if is_overridden(module, "configure_model", TrainModule):
+        with strategy.tensor_init_context():
+            module.configure_model()
+
+
+_EVAL_HOOKS = {TrainerFn.VALIDATING: "validation", TrainerFn.TESTING: "test", TrainerFn.PREDICTING: "predict"}
+
+
+def sync_batchnorm(trainer: Trainer, module: Any) -> None:
+    """`Trainer(sync_batchnorm=True)` with several processes: BatchNorm layers become SyncBatchNorm before the
+    strategy wraps the module, so their statistics cover the global batch (flags.py refuses it off CUDA)."""
+    if trainer.fit_state.spec.sync_batchnorm and trainer.world_size > 1:
+        import torch
+
+        torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
+
+
+def read_signatures(loop: FitState, module: Any, fn: TrainerFn) -> None:
+    """Once per run, after the loaders are known: which steps take `batch_idx`, whether training_step can return
+    None (the agreement's shape, trainer/ranks/agreement.py), whether the evaluation steps and batch hooks take
+    `dataloader_idx` when there are several loaders, and the batch-transfer hooks."""
+    loop.no_batch_idx = steps_without_batch_idx(module)
+    # One process agrees with nobody: the source of training_step (0.4 ms to read) is needed with several only.
+    loop.control.step_may_skip = training_step_may_skip(module) if loop.strategy.world_size > 1 else True
+    loop.transfer.resolve(module, loop.trainer.datamodule)
+    stage = _EVAL_HOOKS.get(fn, "validation")
+    loaders = {"validation": loop.loaders.val, "test": loop.loaders.test, "predict": loop.loaders.predict}[stage]
+    if loaders:
+        check_dataloader_idx(module, f"{stage}_step",
+                             (f"on_{stage}_batch_start", f"on_{stage}_batch_end"), len(loaders) > 1)
