@@ -1,11 +1,12 @@
-# Two entry points: `make demo` and `make test`. Both create .venv on first use (so do `make docs` and `make bench`).
+# Two entry points: `make demo` and `make test`. Both create .venv on first use (so do `make check`, `make docs` and
+# `make bench`).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 BENCH_STAMP := $(VENV)/.bench-installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 
-.PHONY: demo test docs bench clean
+.PHONY: demo test check docs bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +22,13 @@ test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	$(PY) -m pytest
+
+# A developer's fast check (< 5 min on 2 cores): ruff, mypy and the tests that stay in the pytest process, plus the
+# smoke tests (one launch per launcher, one ZeRO, one fault). `make test` runs every test (docs/design.md, "Tests").
+check: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+	$(PY) -m pytest -m "smoke or not (subprocess or distributed)"
 
 # The documentation site (mkdocs.yml) into the git-ignored site/; --strict turns every warning into a failure.
 # NO_MKDOCS_2_WARNING silences mkdocs-material's end-of-life banner, which is not a build warning.

@@ -11,6 +11,8 @@ import torch
 
 from strategies.comm.distributed import rank_zero_only
 
+pytest_plugins = ["tests.helpers.tiers"]  # the test tiers: a test's markers must match the processes it starts
+
 # Ctrl-C as from a terminal, whatever started pytest: a background job of a non-interactive script (`cmd &`,
 # as a CI runner may start it) inherits SIGINT ignored, and an ignored signal stays ignored across exec, so the
 # Trainer (which leaves a SIGINT disposition it did not install alone) and every process the tests start would

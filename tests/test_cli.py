@@ -290,6 +290,7 @@ def _run_cli(args: list[str], timeout: float) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(120)
 def test_python_m_trainer_error_exits_2_without_traceback():
     config = _write("run.yaml", BORING + QUIET_YAML + "  max_epocs: 2\n")

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("tensorboard", "omegaconf", "tqdm", "torchmetrics", "lightning", "rich")
 # the optional integrations: imported when a logger starts its run or a URL is used, never by `import trainer`
@@ -19,6 +21,7 @@ def _modules_after(code: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.subprocess
 def test_import_trainer_loads_no_heavy_optional_dependency():
     # torch.hub itself imports tqdm when it is installed, so we compare against a bare `import torch`.
     result = _modules_after(
@@ -35,6 +38,7 @@ def test_import_trainer_loads_no_heavy_optional_dependency():
         assert name not in result["all"]
 
 
+@pytest.mark.subprocess
 def test_loggers_and_local_paths_load_no_optional_integration():
     # building the tracking loggers and a local ModelCheckpoint, and resolving local paths, imports none of them
     result = _modules_after(
@@ -52,6 +56,7 @@ def test_loggers_and_local_paths_load_no_optional_integration():
     assert [m for m in result["new"] if m.split(".")[0] in OPTIONAL] == []
 
 
+@pytest.mark.subprocess
 def test_strategies_is_a_leaf_package():
     result = _modules_after(
         "import sys, json\nimport strategies\nprint(json.dumps(sorted(sys.modules)))"
@@ -66,6 +71,7 @@ def test_public_names_import():
     from trainer.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger  # noqa: F401
 
 
+@pytest.mark.subprocess
 def test_callbacks_names_load_on_first_use():
     """`callbacks` imports each name's module when it is first used: every exported name resolves, and importing one
     callback loads no other callback module (time to first step)."""
@@ -80,6 +86,7 @@ def test_callbacks_names_load_on_first_use():
         assert getattr(callbacks, name).__name__ == name
 
 
+@pytest.mark.subprocess
 def test_a_trainer_imports_only_the_callback_modules_it_uses(tmp_path):
     """Time to first step: a fit without the default callbacks loads no callback module, and the defaults load
     theirs only (no rich ones beside the plain progress bar)."""

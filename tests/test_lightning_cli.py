@@ -65,6 +65,7 @@ def lightning_cli() -> None:
     pytest.importorskip("jsonargparse", reason="Lightning's CLI needs jsonargparse (the [dev] extra)")
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(240)
 def test_fit_from_config_and_overrides_matches_lightning(tmp_path: Path, lightning_cli: None) -> None:
     """Config file + `--key value` / `--key=value` overrides, a link from the data module to the model, and the
@@ -76,6 +77,7 @@ def test_fit_from_config_and_overrides_matches_lightning(tmp_path: Path, lightni
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(240)
 def test_print_config_matches_lightning_and_reruns(tmp_path: Path, lightning_cli: None) -> None:
     (tmp_path / "cfg.yaml").write_text(CONFIG)
@@ -199,6 +201,7 @@ def test_parse_links_and_unsupported_parser_options(tmp_path: Path) -> None:
         LightningCLI(app.Net, app.Data, run=False, args=[], parser_kwargs={"default_env": True})
 
 
+@pytest.mark.distributed
 @pytest.mark.timeout(150)
 def test_two_ranks_through_the_script(tmp_path: Path) -> None:
     """The launcher re-runs the script with the same command line on the second rank: both ranks parse it the same

@@ -159,6 +159,7 @@ def _run_section(step: str, folder: Path) -> None:
     print(f"{step}: {time.monotonic() - started:.1f} s")
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("step", [s for s in STEPS if s not in DISTRIBUTED_STEPS])
 @pytest.mark.timeout(300)
 def test_tutorial_step_runs(step, tmp_path):

@@ -130,6 +130,7 @@ def test_progress_bar_prints_plain_lines_when_stdout_is_not_a_terminal(capsys: p
     assert lines[1].endswith("shown=1.25") and "\r" not in "".join(lines)
 
 
+@pytest.mark.subprocess
 def test_progress_bar_through_a_pseudo_terminal_draws_tqdm(tmp_path):  # noqa: ANN001
     import os
     import pty

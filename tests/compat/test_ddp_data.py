@@ -30,6 +30,7 @@ def _train(records: list[Any], key: str, epoch: int) -> list[Any]:
     return [i for kind, e, _, batch in records if kind == "train" and e == epoch for i in batch[key]]
 
 
+@pytest.mark.distributed
 @pytest.mark.timeout(360)
 def test_two_ranks_see_lightnings_samples(tmp_path: Path) -> None:
     pytest.importorskip("lightning.pytorch", reason="Lightning (the [dev] extra) is not installed")

@@ -165,6 +165,7 @@ def test_a_file_of_ours_naming_lightning_in_a_value_gets_no_stand_ins(tmp_path: 
         Regressor.load_from_checkpoint(path)
 
 
+@pytest.mark.subprocess
 def test_nothing_of_the_file_is_imported_or_run(tmp_path: Path):
     """A Lightning-marked file naming a function with side effects: the stand-in never calls it."""
     path = tmp_path / "evil.ckpt"
@@ -201,6 +202,7 @@ def _ddp_rank(rank: int) -> dict[str, Any]:
             trainer.global_step), "weights": {k: v.clone() for k, v in model.state_dict().items()}}
 
 
+@pytest.mark.distributed
 def test_two_ranks_resume_a_lightning_checkpoint_alike():
     from tests.helpers.dist import run_distributed
 

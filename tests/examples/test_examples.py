@@ -44,6 +44,7 @@ def test_sync_sgd_by_hand_equals_trainer_ddp(tmp_path: Path):
     assert float(diffs[0]) <= 1e-6, res.output[-4000:]
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(120)
 def test_resnet_fast_dev_run(tmp_path: Path):
     res = _run_example("resnet.py", "--accelerator", "cpu", "--fast-dev-run", "--batch-size", "4", "--num-train",
@@ -65,6 +66,7 @@ def test_gpt_zero3_bf16_on_two_cpu_ranks(tmp_path: Path):
     assert (root / "final-weights.ckpt").is_file()
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(120)
 def test_gan_fast_dev_run_prints_digits(tmp_path: Path):
     res = _run_example("gan.py", "--accelerator", "cpu", "--strategy", "ddp", "--devices", "2",  # manual under DDP
@@ -97,6 +99,7 @@ def test_config_fast_dev_run(name: str):
     assert Path(name, "config.yaml").is_file()
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(120)
 def test_digits_find_lr_trains_with_the_suggestion(tmp_path: Path):
     res = _run_example("digits.py", "--find-lr", "--max-epochs", "1", "--no-progress-bar", "--root", str(tmp_path),

@@ -11,11 +11,12 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 from strategies.comm.distributed import find_free_port
+from tests.helpers.tiers import allowed_processes
 
 S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                   "AWS_DEFAULT_REGION": "us-east-1"}
@@ -53,8 +54,9 @@ def _stop(process: subprocess.Popen) -> None:
 
 @contextmanager
 def _serve(command: list[str], health: str, base: str, log: Path, env: dict[str, str],
-           timeout: float) -> Iterator[Server]:
-    with open(log, "wb") as out:
+           timeout: float, shared: bool = False) -> Iterator[Server]:
+    """`shared`: a server cheap enough to be part of single-process tests (tests/helpers/tiers.py)."""
+    with open(log, "wb") as out, allowed_processes() if shared else nullcontext():
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         _wait_until_up(health, process, log, timeout)
@@ -72,11 +74,12 @@ def _script(name: str) -> str:
 
 @contextmanager
 def moto_s3_server(folder: Path) -> Iterator[Server]:
-    """moto's standalone server (a real S3 HTTP endpoint, objects kept in its memory)."""
+    """moto's standalone server (a real S3 HTTP endpoint, objects kept in its memory). Started once per session in
+    about 2 s, it keeps the S3 tests in `make check` (the MLflow server, 15-40 s, takes its tests out)."""
     port = find_free_port()
     url = f"http://127.0.0.1:{port}"
     with _serve([_script("moto_server"), "-H", "127.0.0.1", "-p", str(port)], f"{url}/moto-api/", url,
-                folder / "moto.log", {**os.environ, **S3_CREDENTIALS}, timeout=60) as server:
+                folder / "moto.log", {**os.environ, **S3_CREDENTIALS}, timeout=60, shared=True) as server:
         yield server
 
 

@@ -19,7 +19,7 @@ from trainer.loggers import CSVLogger
 mlflow = pytest.importorskip("mlflow", reason="MLFlowLogger needs mlflow: pip install -e '.[mlflow]' (in .[dev])")
 from trainer.loggers import MLFlowLogger  # noqa: E402
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(300)]  # a real MLflow server: 15-40 s to start
 FIT = {**QUIET, "max_epochs": 2, "limit_train_batches": 2, "limit_val_batches": 1, "num_sanity_val_steps": 0,
        "log_every_n_steps": 1}
 

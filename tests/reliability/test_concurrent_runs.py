@@ -77,6 +77,7 @@ def _run(who: int, trial: int, root: str, logger: bool) -> dict[str, Any]:
             "weights": {k: v.clone() for k, v in model.state_dict().items()}}
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("logger", [True, False], ids=["default_logger", "logger_false"])
 def test_two_runs_started_at_once_keep_their_own_folders_and_checkpoints(tmp_path: Path, logger: bool):
     first, second = _pair(_run, str(tmp_path), logger)
@@ -113,6 +114,7 @@ def _save_or_clean(who: int, trial: int, root: str) -> int:
     return cleaned
 
 
+@pytest.mark.distributed
 def test_clean_up_never_removes_a_live_writers_temp_file(tmp_path: Path):
     saver, cleaner = _pair(_save_or_clean, str(tmp_path))  # a removed in-flight temp file fails the saver
     assert saver == [5] * TRIALS and sum(cleaner) == 0

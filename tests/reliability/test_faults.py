@@ -34,13 +34,14 @@ from tests.helpers.launch import Finished, clean_env, launch
 pytestmark = [pytest.mark.distributed,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to find survivors")]
 
-FULL = os.environ.get("RELIABILITY_FULL") == "1"  # opt-in: the fault cases over every strategy (docs/reliability.md)
-STRATEGIES = ["ddp", "ddp_spawn", "zero1", "zero2", "zero3"] if FULL else ["ddp"]
+# The fault cases run under ddp; RELIABILITY_FULL=1 repeats them over every strategy (docs/reliability.md)
+STRATEGIES = ["ddp", *(pytest.param(s, marks=pytest.mark.exhaustive) for s in ("ddp_spawn", "zero1", "zero2", "zero3"))]
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("rank", [1, 0], ids=["FI-1 rank 1", "FI-2 rank 0"])
+@pytest.mark.parametrize("rank", [pytest.param(1, id="FI-1 rank 1", marks=pytest.mark.smoke),  # the fault of make check
+                                  pytest.param(0, id="FI-2 rank 0")])
 def test_raise_on_one_rank_ends_every_rank(tmp_path: Path, rank: int, strategy: str):
     out = tmp_path / "out"
     res = run(out, "--fault", f"raise@{rank}:3", "--strategy", strategy, timeout=60)

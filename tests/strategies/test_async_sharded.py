@@ -28,7 +28,7 @@ from tests.trainer.test_resume import SaveAndStop
 from trainer import Trainer, seed_everything
 from trainer.exceptions import ConfigError
 
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
+pytestmark = pytest.mark.timeout(240)
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -62,6 +62,7 @@ def _assert_same_checkpoint(a: dict[str, Any], b: dict[str, Any], where: str) ->
                 assert torch.equal(tensor, opt_b["state"][index][name]), (where, index, name)
 
 
+@pytest.mark.distributed
 def test_async_saves_equal_synchronous_ones_and_replace_top_k_after_commit(tmp_path: Path):
     for sync, async_ in run_distributed(_sync_and_async_rank, str(tmp_path), timeout=200):
         for key, value in sync.items():  # the background writes do not change training
@@ -91,6 +92,7 @@ def _failing_commit_rank(rank: int, folder: str) -> str:
     return "finished"
 
 
+@pytest.mark.distributed
 def test_a_failed_background_write_fails_every_rank_at_the_next_save(tmp_path: Path):
     for result in run_distributed(_failing_commit_rank, str(tmp_path), timeout=120):
         assert result.startswith("CheckpointSaveError") and "could not commit" in result, result
@@ -107,6 +109,7 @@ def _stopped_rank(rank: int, folder: str) -> tuple[list, dict, dict]:
     return [torch.equal(a, b) for a, b in zip(first + second, ref_losses, strict=True)], reference, resumed
 
 
+@pytest.mark.distributed
 def test_a_save_in_flight_when_fit_fails_is_committed_and_resumes_bit_exactly(tmp_path: Path):
     for equal, reference, resumed in run_distributed(_stopped_rank, str(tmp_path), timeout=200):
         assert all(equal) and len(equal) == 40
@@ -140,6 +143,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+@pytest.mark.distributed
 def test_consolidate_writes_one_file_equal_to_the_shards_that_loads_on_one_device(tmp_path: Path):
     run_distributed(_save_rank, str(tmp_path), timeout=150)
     folder, file = tmp_path / "sharded.ckpt", tmp_path / "one.ckpt"
@@ -173,6 +177,7 @@ def test_consolidate_writes_one_file_equal_to_the_shards_that_loads_on_one_devic
     assert trainer.global_step == saved["global_step"] == 6
 
 
+@pytest.mark.distributed
 def test_consolidate_refuses_what_is_not_a_committed_sharded_folder(tmp_path: Path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "plain.ckpt").write_bytes(b"x")

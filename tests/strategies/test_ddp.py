@@ -22,7 +22,7 @@ from trainer import Trainer, TrainModule, seed_everything
 from trainer.loops.schedule import FitSchedule
 from trainer.setup.flags import parse_flags
 
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)
 DDP = {**QUIET, "devices": 2, "strategy": "ddp"}
 
 
@@ -54,6 +54,7 @@ def _ddp_rank(rank: int, optimizer: str, accumulate: int) -> dict[str, torch.Ten
     return _fit(optimizer, 4, accumulate, **DDP)
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize(("optimizer", "accumulate"), [("sgd", 1), ("adamw", 1), ("sgd", 2)])
 def test_ddp_two_ranks_match_one_process_on_the_double_batch(optimizer: str, accumulate: int):
     ranks = run_distributed(_ddp_rank, optimizer, accumulate)
@@ -89,6 +90,7 @@ def _manual_fit(rank: int, strategy: str, batch_size: int) -> dict[str, torch.Te
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("strategy", ["ddp", "zero1"])
 def test_manual_optimization_under_ddp_matches_one_process_on_the_double_batch(strategy: str):
     ranks = run_distributed(_manual_fit, strategy, 4)
@@ -102,6 +104,7 @@ def _bf16_rank(rank: int) -> dict[str, torch.Tensor]:
     return _fit("adamw", 4, 1, **{**DDP, "precision": "bf16-mixed"})
 
 
+@pytest.mark.distributed
 def test_bf16_mixed_ddp_matches_one_process_within_bf16_tolerance():
     ranks = run_distributed(_bf16_rank)
     single = _fit("adamw", 8, 1, **{**QUIET, "precision": "bf16-mixed"})
@@ -125,6 +128,7 @@ def _sync_rank(rank: int) -> dict[str, float]:
     return {k: float(v) for k, v in trainer.callback_metrics.items()}
 
 
+@pytest.mark.distributed
 def test_sync_dist_gives_the_global_mean():
     rank0, rank1 = run_distributed(_sync_rank)
     assert rank0["synced"] == rank1["synced"] == 0.5
@@ -164,6 +168,7 @@ def _epochs_rank(rank: int) -> list[list[int]]:
     return model.seen
 
 
+@pytest.mark.distributed
 def test_injected_sampler_partitions_the_data_and_reshuffles_each_epoch():
     rank0, rank1 = run_distributed(_epochs_rank)
     for epoch in range(2):
@@ -184,6 +189,7 @@ def _uneven_rank(rank: int) -> tuple[list[dict[str, float]], int]:
     return metrics, sum(len(p) for p in predictions)
 
 
+@pytest.mark.distributed
 def test_evaluation_over_an_uneven_split_counts_each_sample_once():
     (m0, n0), (m1, n1) = run_distributed(_uneven_rank)
     single = Trainer(**QUIET).validate(MeanOfInputs(), DataLoader(Indexed(7), batch_size=2))
@@ -251,6 +257,7 @@ def _unchanged_rank(rank: int) -> tuple[dict[str, torch.Tensor], int]:
     return _unchanged_fit("ddp", 2)
 
 
+@pytest.mark.distributed
 def test_one_unchanged_module_runs_single_ddp_and_ddp_spawn():
     single, single_steps = _unchanged_fit("single", 1)
     (ddp, ddp_steps), _ = run_distributed(_unchanged_rank)
@@ -287,11 +294,13 @@ def _sync_count_rank(rank: int) -> list[int]:
     return model.syncs_per_batch
 
 
+@pytest.mark.distributed
 def test_no_gradient_all_reduce_inside_an_accumulation_window():
     for syncs in run_distributed(_sync_count_rank):
         assert syncs[0] == syncs[2] == 0 and syncs[1] > 0 and syncs[3] > 0, syncs
 
 
+@pytest.mark.distributed
 def test_ddp_spawn_reports_the_log_folder_its_ranks_wrote(tmp_path):  # noqa: ANN001
     from pathlib import Path
 
@@ -327,6 +336,7 @@ def _max_time_rank(rank: int) -> int:
     return trainer.global_step
 
 
+@pytest.mark.distributed
 def test_max_time_stops_every_rank_after_the_same_batch():
     """Each rank's own clock would stop rank 1 about 20 batches before rank 0, which then waits in a collective."""
     steps = run_distributed(_max_time_rank)

@@ -19,6 +19,7 @@ from strategies.checkpoint_io import atomic_file as checkpoint_io
 from strategies.checkpoint_io.atomic_file import TMP_MARKER, atomic_save, remove_stale_temp_files
 from strategies.checkpoint_io.safe_load import safe_load
 from strategies.exceptions import CheckpointLoadError
+from tests.helpers.tiers import allowed_processes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -66,7 +67,8 @@ def _kill_trial(folder: Path, kill_at: int | str) -> str:
     path = folder / "model.ckpt"
     atomic_save(_state(1), path)
     proc = multiprocessing.get_context("fork").Process(target=_child, args=(str(path), kill_at))
-    proc.start()
+    with allowed_processes():  # one short writer, killed: the offset classes stay in `make check`
+        proc.start()
     proc.join(30)
     assert proc.exitcode == -signal.SIGKILL, f"child was not killed at {kill_at!r} (exit {proc.exitcode})"
     loaded = safe_load(path)  # never a partial file: either the old checkpoint or the complete new one
@@ -97,13 +99,15 @@ def test_sigkill_at_every_offset_class_keeps_a_valid_checkpoint(tmp_path: Path, 
     assert outcome == ("new" if kill_at == "after_rename" else "old")
 
 
-def test_fifty_randomized_kills(tmp_path: Path):
+# The random offsets land in the classes above (a prefix of the file, or around the rename): RELIABILITY_FULL=1 runs
+# 500 of them (docs/reliability.md), the default run the classes only.
+@pytest.mark.exhaustive
+def test_randomized_kills(tmp_path: Path):
     size = len(_serialized(_state(2)))
     seed = int(os.environ.get("KILL_TRIAL_SEED", "0")) or random.randrange(1, 2**31)
     print(f"KILL_TRIAL_SEED={seed} (set it to replay these trials)")  # shown by pytest when the test fails
     rng = random.Random(seed)
-    default = "500" if os.environ.get("RELIABILITY_FULL") == "1" else "50"  # full mode: docs/reliability.md
-    trials = int(os.environ.get("KILL_TRIALS", default))
+    trials = int(os.environ.get("KILL_TRIALS", "500"))
     for trial in range(trials):
         folder = tmp_path / f"trial{trial}"
         folder.mkdir()
@@ -162,7 +166,8 @@ def _remote_kill_trial(folder: str, kill_at: int | str, big: bool = False) -> st
     url = f"{folder}/model.ckpt"
     atomic_save(make(1), url)
     proc = multiprocessing.get_context("fork").Process(target=_remote_child, args=(url, kill_at, big))
-    proc.start()
+    with allowed_processes():  # one short writer, killed
+        proc.start()
     proc.join(60)
     assert proc.exitcode == -signal.SIGKILL, f"child was not killed at {kill_at!r} (exit {proc.exitcode})"
     loaded = safe_load(url)  # the committed checkpoint: the previous one, or the complete new one
@@ -203,12 +208,13 @@ def test_sigkill_during_a_multipart_s3_upload_keeps_the_previous_checkpoint(s3_b
     assert len(uploads) == 2  # both killed uploads had sent a part, and neither became an object
 
 
+@pytest.mark.exhaustive  # 100 random offsets, in the classes of the two tests above (docs/reliability.md)
 def test_randomized_kills_during_s3_saves(s3_bucket: str):
     size = len(_serialized(_state(2)))
     seed = int(os.environ.get("KILL_TRIAL_SEED", "0")) or random.randrange(1, 2**31)
     print(f"KILL_TRIAL_SEED={seed} (set it to replay these trials)")
     rng = random.Random(seed)
-    trials = int(os.environ.get("S3_KILL_TRIALS", "100" if os.environ.get("RELIABILITY_FULL") == "1" else "10"))
+    trials = int(os.environ.get("S3_KILL_TRIALS", "100"))
     for trial in range(trials):
         offset = rng.choice([rng.randrange(size), "before_commit", "after_commit"])
         try:

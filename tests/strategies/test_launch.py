@@ -95,6 +95,7 @@ def test_harness_reports_orphans_and_timeouts_and_kills_them(tmp_path: Path):
     assert not _alive(hung), "the harness did not kill the timed-out process"
 
 
+@pytest.mark.smoke
 @pytest.mark.timeout(120)
 def test_own_launcher_runs_the_script_in_two_processes(tmp_path: Path):
     out = tmp_path / "out"
@@ -124,6 +125,7 @@ def test_digits_example_on_two_cpu_ranks(tmp_path: Path):
     assert Path(checkpoint).is_file() and Path(checkpoint).is_relative_to(out), checkpoint
 
 
+@pytest.mark.smoke
 @pytest.mark.timeout(120)
 def test_torchrun_standalone_launches_nothing_twice(tmp_path: Path):
     out = tmp_path / "out"
@@ -179,6 +181,7 @@ def test_two_nodes_from_env_vars_without_a_launcher(tmp_path: Path):
     assert len(_script_pids(out)) == 2, "a node launched extra processes"
 
 
+@pytest.mark.smoke
 @pytest.mark.timeout(120)
 def test_ddp_spawn_two_ranks(tmp_path: Path):
     out = tmp_path / "out"

@@ -20,7 +20,7 @@ from tests.helpers.dist import run_distributed
 from trainer import Trainer, TrainModule, seed_everything
 from trainer.exceptions import ConfigError
 
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.timeout(180)
 
 
 class Block(nn.Module):
@@ -95,6 +95,7 @@ def _offload_rank(rank: int, name: str) -> dict[str, Any]:
     return {"state": state, "devices": probe.devices, "offload": probe.offload_flags, "repr": repr(trainer.strategy)}
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("stage", [2, 3])
 def test_offload_keeps_the_states_on_the_host_and_trains_like_no_offload(stage: int) -> None:
     offloaded = run_distributed(_offload_rank, f"zero{stage}_offload", timeout=150)
@@ -137,6 +138,7 @@ def test_activation_checkpointing_single_device() -> None:
     assert again.global_step == 2
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("stage", ["ddp", "zero1", "zero2", "zero3"])
 def test_activation_checkpointing_on_two_ranks(stage: str) -> None:
     checkpointed = run_distributed(_checkpointing_rank, stage, [Block], timeout=150)

@@ -15,7 +15,7 @@ import pytest
 from strategies.launch.parent_death import POLL_S, pdeathsig_available
 from tests.helpers.launch import REPO, _alive, clean_env
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+pytestmark = [pytest.mark.subprocess, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")]
 
 # A parent that starts one sleeping child the way `how` says, writes the child's pid, then acts on `then`.
 PARENT = textwrap.dedent("""

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from strategies.comm.peers import PeerIdentity, Peers, this_process
+from tests.helpers.tiers import allowed_processes
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -27,7 +28,8 @@ def _start_of(pid: int) -> str:
 
 
 def _sleeper(seconds: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"])
+    with allowed_processes():  # a peer's pid to watch, not a run: the test stays in `make check`
+        return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"])
 
 
 @pytest.mark.timeout(30)

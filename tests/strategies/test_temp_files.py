@@ -13,11 +13,13 @@ from strategies.checkpoint_io.atomic_file import remove_stale_temp_files
 from strategies.checkpoint_io.names import claim_name, release_claim
 from strategies.checkpoint_io.temp_owner import machine_id, owner_tag, process_start, writer_is_gone
 from tests.helpers.owners import dead_owner_tag
+from tests.helpers.tiers import allowed_processes
 
 
 @pytest.fixture
 def live_process():
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    with allowed_processes():  # a live writer's pid, not a run: the test stays in `make check`
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     yield child.pid
     child.kill()
     child.wait()

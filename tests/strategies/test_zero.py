@@ -21,7 +21,7 @@ from tests.trainer.test_resume import Interrupted, SaveAndStop
 from trainer import Trainer, TrainModule, seed_everything
 from trainer.exceptions import ConfigError
 
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.timeout(180)
 
 
 class Net(TrainModule):
@@ -65,7 +65,8 @@ def _parity_rank(rank: int, optimizer: str) -> dict[str, dict[str, torch.Tensor]
     return {s: _fit(s, optimizer)[0] for s in ("ddp", "zero1", "zero2", "zero3")}
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+@pytest.mark.distributed
+@pytest.mark.parametrize("optimizer", [pytest.param("sgd", marks=pytest.mark.smoke), "adamw"])  # ZeRO in make check
 def test_every_stage_matches_ddp(optimizer: str):
     for rank_result in run_distributed(_parity_rank, optimizer, timeout=150):
         ddp = rank_result["ddp"]
@@ -85,6 +86,7 @@ def _resume_rank(rank: int, stage: str, folder: str) -> tuple[list[torch.Tensor]
     return ref_losses, first + second, reference, resumed
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("stage", ["zero1", "zero2", "zero3"])
 def test_each_stage_resumes_bit_exactly(tmp_path: Path, stage: str):
     for ref_losses, losses, reference, resumed in run_distributed(_resume_rank, stage, str(tmp_path), timeout=150):
@@ -109,6 +111,7 @@ def _bf16_zero3_rank(rank: int) -> tuple[set[torch.dtype], torch.dtype, bool]:
     return model.dtypes, weight.dtype, bool(torch.isfinite(model.losses[-1]))
 
 
+@pytest.mark.distributed
 def test_bf16_mixed_under_zero3_gathers_bf16_parameters_and_keeps_fp32_shards():
     for dtypes, stored, finite in run_distributed(_bf16_zero3_rank):
         assert dtypes == {torch.bfloat16} and stored == torch.float32 and finite
@@ -158,6 +161,7 @@ def _load_zero1_rank(rank: int, path: str) -> tuple[dict[str, torch.Tensor], dic
     return _load("zero1", Path(path))
 
 
+@pytest.mark.distributed
 def test_zero3_checkpoint_loads_on_one_device_and_in_a_zero1_run(tmp_path: Path):
     run_distributed(_save_zero3_rank, str(tmp_path), timeout=150)
     path = tmp_path / "zero3.ckpt"
@@ -192,6 +196,7 @@ def _sharded_resume_rank(rank: int, folder: str) -> tuple[list, list, dict, dict
     return ref_losses, first + second, reference, resumed, names
 
 
+@pytest.mark.distributed
 def test_sharded_checkpoint_folder_resumes_bit_exactly(tmp_path: Path):
     for ref_losses, losses, reference, resumed, names in run_distributed(_sharded_resume_rank, str(tmp_path),
                                                                          timeout=150):
@@ -223,6 +228,7 @@ def _load_one_rank(rank: int, folder: str) -> dict[str, torch.Tensor]:
     return {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.distributed
 def test_sharded_folder_from_two_ranks_loads_at_world_size_one(tmp_path: Path):
     saved, _ = run_distributed(_save_sharded_rank, str(tmp_path), timeout=150)
     (loaded,) = run_distributed(_load_one_rank, str(tmp_path / "good.ckpt"), world_size=1, timeout=150)
@@ -230,6 +236,7 @@ def test_sharded_folder_from_two_ranks_loads_at_world_size_one(tmp_path: Path):
         assert torch.equal(loaded[key], value), key
 
 
+@pytest.mark.distributed
 def test_damaged_sharded_folders_fail_on_every_rank_without_hanging(tmp_path: Path):
     run_distributed(_save_sharded_rank, str(tmp_path), timeout=150)
     good = tmp_path / "good.ckpt"
@@ -269,6 +276,7 @@ def _root_unit_rank(rank: int) -> dict[str, dict[str, torch.Tensor]]:
     return out
 
 
+@pytest.mark.distributed
 def test_root_unit_parameters_are_gathered_in_forward():
     """The router is called through __call__, so FSDP2's root hooks gather parameters the TrainModule owns itself
     (they once stayed sharded DTensors in forward: 'got mixed torch.Tensor and DTensor')."""
@@ -298,6 +306,7 @@ def _uneven_evaluation_rank(rank: int, stage: str) -> tuple[list[dict[str, float
     return metrics, torch.cat(trainer.predict(_Evaluated(), loader))
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("stage", ["zero2", "zero3"])
 def test_evaluation_with_uneven_shards_finishes_under_fsdp(stage: str):
     """FSDP2's forward is a collective: every rank gets as many evaluation batches (a few samples twice), so a rank

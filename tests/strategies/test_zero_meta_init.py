@@ -18,7 +18,7 @@ from tests.helpers.dist import run_distributed
 from trainer import Trainer, TrainModule
 from trainer.exceptions import ConfigError
 
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
+pytestmark = pytest.mark.timeout(240)
 
 
 class Net(TrainModule):
@@ -68,6 +68,7 @@ def _plain_init() -> dict[str, torch.Tensor]:
     return _fit("single", 1, False, 0)
 
 
+@pytest.mark.distributed
 def test_meta_init_gives_the_plain_weights_at_any_world_size() -> None:
     reference = _plain_init()
     for state in run_distributed(_rank, None, 0, timeout=120):  # 2 ranks, gathered full state
@@ -92,6 +93,7 @@ def _partly_meta(rank: int, world_size: int) -> dict[str, torch.Tensor]:
     return {k: full_tensor(v).detach().clone() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.distributed
 def test_a_partly_meta_model_keeps_its_real_tensors() -> None:
     reference = _partly_meta(-1, 1)
     assert torch.equal(reference["body.4.running_mean"], torch.full((7,), 0.5))
@@ -99,6 +101,7 @@ def test_a_partly_meta_model_keeps_its_real_tensors() -> None:
         assert all(torch.equal(state[k], v) for k, v in reference.items())
 
 
+@pytest.mark.distributed
 def test_meta_init_trains_like_a_plain_build() -> None:
     meta = run_distributed(_rank, None, 4, timeout=120)[0]
     plain = run_distributed(_rank, False, 4, timeout=120)[0]
@@ -138,6 +141,7 @@ def _no_reset_rank(rank: int) -> str:
     return "no error"
 
 
+@pytest.mark.distributed
 def test_a_meta_module_without_reset_parameters_is_refused_by_name() -> None:
     for message in run_distributed(_no_reset_rank, timeout=120):
         assert "NoReset was built on the meta device" in message and "reset_parameters()" in message
@@ -210,6 +214,7 @@ def _capped_rank(rank: int) -> dict[str, float]:
     return {"peak_mib": (_rss_kib("VmHWM:") - start) / 1024, "steps": trainer.global_step}
 
 
+@pytest.mark.distributed
 def test_no_rank_ever_holds_the_whole_model() -> None:
     # The cap: the bytes of the full parameters (512 MiB), counted from process start, so it also covers the process
     # group, the Trainer, the shards and the step. A rank that built the whole model would exceed it: zero3 with

@@ -214,6 +214,7 @@ print(safe_load(sys.argv[1])["w"].to_local().tolist())
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(120)
 def test_safe_load_reads_dtensors_in_a_process_that_never_imported_them(tmp_path: Path):
     """A zero2/zero3 run can leave DTensors in a file; the weights-only loader needs their module imported."""
