@@ -1,7 +1,10 @@
 """Strategies: everything that differs between one device, DataParallel, DDP and ZeRO.
 
-This package is a leaf: it imports torch only, never `trainer` or `callbacks`.
+This package is a leaf: it imports torch only, never `trainer` or `callbacks`. Lightning's names under
+`lightning.pytorch.strategies` and `.plugins` resolve here too (strategies/from_lightning.py), or name what to use.
 """
+
+from typing import Any
 
 from strategies.base import Strategy
 from strategies.comm.distributed import rank_zero_only
@@ -26,3 +29,17 @@ __all__ = [
     "precision_from_flag",
     "rank_zero_only",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    from strategies.from_lightning import NAMES, resolve
+
+    value = resolve(__name__, NAMES, name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    from strategies.from_lightning import NAMES, names_here
+
+    return sorted({*globals(), *names_here(NAMES)})

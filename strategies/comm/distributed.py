@@ -17,6 +17,8 @@ from typing import Any, Protocol, TypeVar, cast
 import torch
 import torch.distributed as dist
 
+from strategies.exceptions import LightningDeprecationWarning, PossibleUserWarning
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -62,6 +64,40 @@ def rank_zero_warn(message: str, category: type[Warning] = UserWarning, stacklev
 def rank_zero_debug(message: str) -> None:
     """Log a debug message once, from rank 0, to the `trainer` logger (shown with logging at DEBUG level)."""
     logging.getLogger("trainer").debug(message)
+
+
+def rank_zero_deprecation(message: str, stacklevel: int = 4) -> None:
+    """Emit a `LightningDeprecationWarning` from rank 0 (Lightning's helper for a library's own deprecations)."""
+    rank_zero_warn(message, category=LightningDeprecationWarning, stacklevel=stacklevel)
+
+
+def rank_prefixed_message(message: str, rank: int | None) -> str:
+    """`message` prefixed with `[rank: N]` when a rank is given, so that lines of several ranks can be told apart."""
+    return message if rank is None else f"[rank: {rank}] {message}"
+
+
+class WarningCache(set):
+    """Messages already shown: `warn`, `deprecation` and `info` show each distinct message once, from rank 0."""
+
+    def warn(self, message: str, category: type[Warning] = UserWarning, stacklevel: int = 4) -> None:
+        if message not in self:
+            self.add(message)
+            rank_zero_warn(message, category=category, stacklevel=stacklevel)
+
+    def deprecation(self, message: str, stacklevel: int = 5) -> None:
+        if message not in self:
+            self.add(message)
+            rank_zero_deprecation(message, stacklevel=stacklevel)
+
+    def info(self, message: str) -> None:
+        if message not in self:
+            self.add(message)
+            rank_zero_info(message)
+
+
+def disable_possible_user_warnings(module: str = "") -> None:
+    """Silence the `PossibleUserWarning`s (those raised from modules whose name starts with `module`, if given)."""
+    warnings.filterwarnings("ignore", category=PossibleUserWarning, module=module)
 
 
 def is_distributed() -> bool:
