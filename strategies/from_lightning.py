@@ -9,7 +9,6 @@ The tables are data: the objects are imported only when a name is asked for, so 
 
 from __future__ import annotations
 
-import dis
 import importlib
 import sys
 from collections.abc import Mapping
@@ -82,6 +81,8 @@ def resolve(package: str, table: Mapping[str, Row], name: str) -> Any:
 
 def _caller_is_from_import(frame: Any) -> bool:
     """Whether `frame` is running a `from ... import name` statement (an IMPORT_FROM instruction)."""
+    import dis  # only on the way to an error
+
     code = frame.f_code.co_code
     return 0 <= frame.f_lasti < len(code) and dis.opname[code[frame.f_lasti]] == "IMPORT_FROM"
 

@@ -53,10 +53,10 @@ TRAINER: dict[str, Row] = {
     "ModelHooks": refused("TrainModule defines every hook itself: subclass it", "core.hooks"),
     "CheckpointHooks": refused("TrainModule, DataModule and Callback define on_save_checkpoint and "
                                "on_load_checkpoint themselves", "core.hooks"),
-    "LightningOptimizer": ours("strategies.wrapped_optimizer", "StrategyOptimizer", "what self.optimizers() returns "
-                               "is an instance of a subclass of both this class and your optimizer's class, so "
-                               "isinstance checks against either hold; `.optimizer` is the wrapped one; no "
-                               "toggle_model()", "core.optimizer"),
+    "LightningOptimizer": ours("strategies.wrapped_optimizer", "StrategyOptimizer", "what self.optimizers() "
+                               "returns, an instance of your optimizer's class too; LightningOptimizer(optimizer) "
+                               "builds one by hand, whose step is the optimizer's own; no toggle_model()",
+                               "core.optimizer"),
     "do_nothing_closure": refused("optimizer.step() needs no closure here: call it without one", "core.optimizer"),
     "MODULE_OPTIMIZERS": same("trainer.core.hook_types", "core.module"),
     "CHECKPOINT_PAST_HPARAMS_KEYS": refused("checkpoints hold hyperparameters under `hyper_parameters`; "

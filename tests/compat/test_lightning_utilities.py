@@ -27,6 +27,7 @@ from trainer import (
     DataModule,
     GradClipAlgorithmType,
     LightningEnum,
+    LightningOptimizer,
     MisconfigurationException,
     PossibleUserWarning,
     RunningStage,
@@ -338,3 +339,17 @@ def test_sigterm_stops_the_run_with_a_sigterm_exception(tmp_path: Path):
         trainer.fit(_Term())
     assert isinstance(stopped.value, SystemExit) and stopped.value.code == 128 + signal.SIGTERM
     assert seen == [SIGTERMException] and list(tmp_path.rglob("last.ckpt"))
+
+
+def test_an_optimizer_wrapped_by_hand_mirrors_and_steps_the_optimizer():
+    model = nn.Linear(3, 1)
+    adam = torch.optim.Adam(model.parameters(), lr=0.1)
+    wrapped = LightningOptimizer(adam)
+    assert isinstance(wrapped, LightningOptimizer) and isinstance(wrapped, torch.optim.Adam)
+    assert wrapped.optimizer is adam and wrapped.param_groups is adam.param_groups
+    wrapped.param_groups[0]["lr"] = 0.5
+    assert adam.param_groups[0]["lr"] == 0.5
+    model(torch.ones(1, 3)).sum().backward()
+    before = model.weight.detach().clone()
+    assert wrapped.step(lambda: 7) == 7  # the optimizer's own step: it returns what the closure returned
+    assert not torch.equal(model.weight, before) and wrapped.state_dict() == adam.state_dict()
