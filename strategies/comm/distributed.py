@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import random
 import socket
 import warnings
 from collections.abc import Callable
@@ -200,8 +201,36 @@ def barrier() -> None:
         dist.barrier()
 
 
-def find_free_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now (never a fixed 29500: parallel jobs collide)."""
+def _ephemeral_ports() -> range:
+    """The ports the kernel hands to outgoing connections (Linux's default where the setting cannot be read)."""
+    try:
+        low, high = (int(v) for v in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("", port))  # every address, as the rendezvous store binds it
+        except OSError:
+            return False
+    return True
+
+
+def find_free_port() -> int:
+    """A TCP port that is free right now (never a fixed 29500: parallel jobs collide), for a rank to bind later.
+
+    Chosen at random below the kernel's ephemeral range: a port from that range (what binding port 0 returns) can be
+    handed to any outgoing connection between this check and the bind, which failed a ddp_spawn launch with
+    EADDRINUSE on a busy machine; ports outside it are taken only by explicit binds."""
+    ephemeral = _ephemeral_ports()
+    candidates = range(max(1024, ephemeral.start - 12000), ephemeral.start)
+    for _ in range(64):
+        port = random.SystemRandom().choice(candidates)
+        if port not in ephemeral and _bindable(port):
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # a crowded machine: any free port
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
