@@ -222,6 +222,7 @@ def main() -> None:
     )
     trainer.fit(model, datamodule=data)
     if trainer.is_global_zero:
+        print(f"strategy: {trainer.strategy!r}")
         print(f"final metrics: { {k: round(float(v), 4) for k, v in trainer.callback_metrics.items()} }")
         text = GPTModule.load_from_checkpoint(path).generate("The Trainer ", args.sample_chars)
         print(f"weights: {path}\n--- sample ---\n{text}\n--------------")

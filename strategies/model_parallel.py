@@ -197,8 +197,9 @@ class ModelParallelStrategy(DTensorParallelStrategy):
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         if max_norm is not None:
             return dtensor.clip_grad_norm(grads, max_norm, norm_type)
+        assert max_value is not None
         for grad in grads:
-            grad.clamp_(-float(max_value or 0.0), float(max_value or 0.0))  # elementwise: a DTensor's shard alone
+            grad.clamp_(-max_value, max_value)  # elementwise: each rank clamps its own shard
         return None
 
     # --- collectives --------------------------------------------------------------------------------

@@ -19,6 +19,8 @@ from strategies.exceptions import CheckpointLoadError, ConfigError, Misconfigura
 from strategies.model import dtensor
 from tests.helpers.boring import QUIET, BoringModel
 from tests.helpers.dist import run_distributed
+from tests.helpers.launch import REPO, assert_ok, clean_env, launch
+from tests.helpers.runif import run_if
 from tests.helpers.tensor_parallel import TinyTransformer, full_state, loader
 from tests.trainer.test_resume import Interrupted, SaveAndStop
 from trainer import Trainer, seed_everything
@@ -85,6 +87,15 @@ def test_clip_grad_norm_over_plain_gradients_is_torchs():
     torch.testing.assert_close(got, want)
     for g, p in zip(grads, params, strict=True):
         torch.testing.assert_close(g, p.grad)
+
+
+def test_clipping_by_value_clamps_every_gradient():
+    params = [nn.Parameter(torch.zeros(3)), nn.Parameter(torch.zeros(2))]
+    params[0].grad, params[1].grad = torch.tensor([-2.0, 0.1, 3.0]), torch.tensor([0.4, -0.7])
+    optimizer = torch.optim.SGD(params, lr=0.1)
+    assert ModelParallelStrategy().clip_gradients(optimizer, max_value=0.5) is None
+    assert params[0].grad.tolist() == [-0.5, pytest.approx(0.1), 0.5]
+    assert params[1].grad.tolist() == [pytest.approx(0.4), -0.5]
 
 
 # --- parity: every mesh shape against one process, in one 4-rank launch -------------------------------------------
@@ -251,3 +262,27 @@ def test_a_model_it_cannot_train_is_a_clear_error_on_every_rank():
                                   "parallelized nothing (no parameter is a DTensor)"), nothing
         assert "AlreadyWrapped.layer is already wrapped in DataParallel" in wrapped, wrapped
         assert "torch.compile(model)) is not supported with ModelParallelStrategy: compile the blocks" in compiled
+
+
+# --- CUDA: the same parity over NCCL, where 4 GPUs exist -----------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+@run_if(min_cuda_gpus=4)
+def test_a_2x2_mesh_on_four_gpus_over_nccl_trains_like_one_gpu(tmp_path: Path):
+    """Our launcher starts 4 ranks on 4 GPUs (NCCL); their weights match one GPU's on the same global batches."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "tests" / "scripts"))
+    from model_parallel_fit import GLOBAL_BATCH as BATCH
+    from model_parallel_fit import fit
+
+    out = tmp_path / "out"
+    script = [sys.executable, str(REPO / "tests" / "scripts" / "model_parallel_fit.py"), "--out", str(out),
+              "--accelerator", "gpu", "--devices", "4", "--data-parallel", "2"]
+    assert_ok(launch([(script, clean_env())], out, timeout=240))
+    saved = torch.load(out / "weights.pt", weights_only=True)
+    assert saved["backend"] == "nccl"
+    model, _ = fit("single", "gpu", 1, BATCH)
+    for key, value in full_state(model).items():
+        torch.testing.assert_close(saved["weights"][key], value.cpu(), rtol=1e-4, atol=1e-5, msg=key)
