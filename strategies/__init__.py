@@ -1,4 +1,4 @@
-"""Strategies: everything that differs between one device, DataParallel, DDP and ZeRO.
+"""Strategies: everything that differs between one device, DataParallel, DDP, ZeRO and tensor parallelism.
 
 This package is a leaf: it imports torch only, never `trainer` or `callbacks`. Lightning's names under
 `lightning.pytorch.strategies` and `.plugins` resolve here too (strategies/from_lightning.py), or name what to use.
@@ -10,6 +10,7 @@ from strategies.base import Strategy
 from strategies.comm.distributed import rank_zero_only
 from strategies.ddp import DDPStrategy
 from strategies.dp import DataParallelStrategy
+from strategies.model_parallel import ModelParallelStrategy
 from strategies.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision, precision_from_flag
 from strategies.registry import STRATEGY_REGISTRY
 from strategies.single_device import SingleDeviceStrategy
@@ -21,6 +22,7 @@ __all__ = [
     "DoublePrecision",
     "HalfPrecision",
     "MixedPrecision",
+    "ModelParallelStrategy",
     "STRATEGY_REGISTRY",
     "Precision",
     "SingleDeviceStrategy",

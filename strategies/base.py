@@ -105,6 +105,12 @@ class Strategy(ABC):
         """The device this rank computes on."""
 
     @property
+    def device_mesh(self) -> Any:
+        """The device mesh the module's `configure_model` parallelizes over (`TrainModule.device_mesh`); None for a
+        strategy that lays the model out itself."""
+        return None
+
+    @property
     def is_global_zero(self) -> bool:
         """True on global rank 0, the rank that writes logs and checkpoints."""
         return self.global_rank == 0

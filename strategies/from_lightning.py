@@ -116,9 +116,11 @@ NAMES: dict[str, Row] = {
                          "strategy='zero3')", "strategies", "strategies.fsdp"),
     "DeepSpeedStrategy": refused(_DEEPSPEED, "strategies", "strategies.deepspeed"),
     "remove_module_hooks": refused(_DEEPSPEED, "strategies.deepspeed"),
-    "ModelParallelStrategy": refused("there is no tensor parallelism here: strategy='zero3' (FSDPStrategy) shards "
-                                     "parameters, gradients and optimizer state across the ranks",
-                                     "strategies", "strategies.model_parallel"),
+    "ModelParallelStrategy": ours("strategies.model_parallel", "", "Lightning's arguments and mesh; parameters "
+                                  "that configure_model leaves unsharded are averaged over the data-parallel ranks "
+                                  "(Lightning leaves them unsynchronised), and 'auto' beside one given size is the "
+                                  "world size divided by it (Lightning refuses)", "strategies",
+                                  "strategies.model_parallel"),
     "SingleDeviceXLAStrategy": refused(_XLA, "strategies.single_xla"),
     "XLAStrategy": refused(_XLA, "strategies.xla"),
     "Precision": ours("strategies.precision", "", "the '32-true' base class; " + _PRECISION_OBJECT,

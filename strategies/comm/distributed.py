@@ -109,16 +109,17 @@ def is_distributed() -> bool:
 _REDUCE_OPS = {"sum": "SUM", "max": "MAX", "min": "MIN", "mean": "SUM"}
 
 
-def all_reduce(tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
-    """Reduce `tensor` over all ranks (a copy; the input is untouched). Identity without a process group."""
+def all_reduce(tensor: torch.Tensor, op: str = "mean", group: Any = None) -> torch.Tensor:
+    """Reduce `tensor` over all ranks, or over the ranks of `group` (a copy; the input is untouched). Identity
+    without a process group."""
     if op not in _REDUCE_OPS:
         raise ValueError(f"all_reduce op must be one of {sorted(_REDUCE_OPS)}, got {op!r}")
     if not is_distributed():
         return tensor
     out = tensor.detach().clone()
-    dist.all_reduce(out, op=getattr(dist.ReduceOp, _REDUCE_OPS[op]))
+    dist.all_reduce(out, op=getattr(dist.ReduceOp, _REDUCE_OPS[op]), group=group)
     if op == "mean":
-        out = out / dist.get_world_size()
+        out = out / dist.get_world_size(group)
     return out
 
 
