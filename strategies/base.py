@@ -23,8 +23,8 @@ from strategies.exceptions import CheckpointSaveError
 from strategies.model import compiled
 from strategies.model.activation_checkpointing import apply_activation_checkpointing, checkpointed_classes
 from strategies.model.device_move import module_on, move_to_device
+from strategies.model.wrapped_optimizer import unwrap_optimizer
 from strategies.precision import CANONICAL_PRECISIONS, Precision
-from strategies.wrapped_optimizer import unwrap_optimizer
 
 T = TypeVar("T")
 ReduceOp = Literal["mean", "sum", "max", "min"]

@@ -25,8 +25,8 @@ from strategies.comm.collective_timeout import set_group_timeout, torch_default_
 from strategies.dtensor_parallel import DTensorParallelStrategy
 from strategies.exceptions import ConfigError, MisconfigurationError
 from strategies.model import dtensor
+from strategies.model.wrapped_optimizer import unwrap_optimizer
 from strategies.precision import Precision
-from strategies.wrapped_optimizer import unwrap_optimizer
 
 MESH_DIMS = ("data_parallel", "tensor_parallel")  # Lightning's names, which the user's configure_model indexes
 

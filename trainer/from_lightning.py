@@ -53,7 +53,7 @@ TRAINER: dict[str, Row] = {
     "ModelHooks": refused("TrainModule defines every hook itself: subclass it", "core.hooks"),
     "CheckpointHooks": refused("TrainModule, DataModule and Callback define on_save_checkpoint and "
                                "on_load_checkpoint themselves", "core.hooks"),
-    "LightningOptimizer": ours("strategies.wrapped_optimizer", "StrategyOptimizer", "what self.optimizers() "
+    "LightningOptimizer": ours("strategies.model.wrapped_optimizer", "StrategyOptimizer", "what self.optimizers() "
                                "returns, an instance of your optimizer's class too; LightningOptimizer(optimizer) "
                                "builds one by hand, whose step is the optimizer's own; no toggle_model()",
                                "core.optimizer"),

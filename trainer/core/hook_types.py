@@ -22,7 +22,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from typing_extensions import NotRequired, Required, TypedDict
 
-from strategies.wrapped_optimizer import StrategyOptimizer
+from strategies.model.wrapped_optimizer import StrategyOptimizer
 
 # What a training/validation/test step may return: a loss tensor, a dict holding "loss" (and anything else), or None.
 STEP_OUTPUT = Tensor | Mapping[str, Any] | None
