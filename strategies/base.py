@@ -23,8 +23,8 @@ from strategies.exceptions import CheckpointSaveError
 from strategies.model import compiled
 from strategies.model.activation_checkpointing import apply_activation_checkpointing, checkpointed_classes
 from strategies.model.device_move import module_on, move_to_device
+from strategies.model.wrapped_optimizer import unwrap_optimizer
 from strategies.precision import CANONICAL_PRECISIONS, Precision
-from strategies.wrapped_optimizer import unwrap_optimizer
 
 T = TypeVar("T")
 ReduceOp = Literal["mean", "sum", "max", "min"]
@@ -103,6 +103,12 @@ class Strategy(ABC):
     @abstractmethod
     def root_device(self) -> torch.device:
         """The device this rank computes on."""
+
+    @property
+    def device_mesh(self) -> Any:
+        """The device mesh the module's `configure_model` parallelizes over (`TrainModule.device_mesh`); None for a
+        strategy that lays the model out itself."""
+        return None
 
     @property
     def is_global_zero(self) -> bool:

@@ -3,6 +3,7 @@ attribute of an object built before), the automatic optimizer and scheduler, and
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from collections.abc import Callable
 from functools import partial, update_wrapper
@@ -87,3 +88,14 @@ def _attribute(built: dict[str, Any], source: str) -> Any:
     for part in rest.removeprefix("init_args.").split(".") if rest else ():
         value = value[part] if isinstance(value, dict) else getattr(value, part)
     return value
+
+
+def instantiate_class(args: Any, init: dict[str, Any]) -> Any:
+    """Build `init["class_path"]` with `args` first (a tuple: several positional arguments) and `init["init_args"]` as
+    keywords, as Lightning's helper does for `configure_optimizers` under the CLI:
+    `instantiate_class(self.parameters(), self.hparams.optimizer)`."""
+    module_name, _, name = str(init.get("class_path", "")).rpartition(".")
+    if not module_name:
+        raise ValueError(f"instantiate_class: init needs a 'class_path' such as 'torch.optim.Adam', got {init!r}.")
+    cls = getattr(importlib.import_module(module_name), name)
+    return cls(*(args if isinstance(args, tuple) else (args,)), **init.get("init_args", {}))
