@@ -5,8 +5,8 @@ Why: `torch.load` does not check those CRCs, so flipped bytes inside a tensor lo
 trained on). The check runs over a read-only memory map of the file (or the bytes read from a store), so it costs
 one pass of `zlib.crc32` and no copy; files written before this check existed carry the same CRCs and are checked
 the same way. The same pass then checks every tensor storage's declared size against its record
-(strategies/checkpoint_io/record_sizes.py), reading only the archive's pickle again. Sharded (ZeRO) folders carry a sha256 per shard file in their manifest instead
-(strategies/checkpoint_io/sharded/folder.py).
+(strategies/checkpoint_io/record_sizes.py), reading only the archive's pickle again. Sharded (ZeRO) folders carry
+a sha256 per file in their manifest instead (strategies/checkpoint_io/sharded/manifest.py).
 """
 
 from __future__ import annotations
