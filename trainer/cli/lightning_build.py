@@ -17,6 +17,7 @@ from strategies.checkpoint_io.safe_load import safe_load
 from trainer.cli.config import CLIError, ConfigSources, load_config, resolve_config
 from trainer.cli.lightning_parser import AUTOMATIC, LightningArgumentParser, ParsedArgs, signature_params
 from trainer.cli.objects import ObjectBuilder, did_you_mean, is_class_spec
+from trainer.cli.slots import trainer_slots
 from trainer.core.module import TrainModule
 
 _SPEC_KEYS = ("class_path", "init_args", "dict_kwargs")
@@ -290,7 +291,7 @@ class ConfigAssembler:
         if not isinstance(trainer_cfg, dict):
             raise self.sources.error("trainer", f"must be a mapping of Trainer arguments, got {trainer_cfg!r}")
         builder.check_kwargs(self.trainer_class, {**trainer_cfg, **self.objects_for("trainer")}, "trainer")
-        builder.check(trainer_cfg, "trainer")
+        builder.arguments(self.trainer_class, trainer_cfg, "trainer", make=False, slots=trainer_slots())
         instantiated = self.instantiate_link_targets()
         for key in self.parser.groups:
             if key == "trainer" or config.get(key) is None:
