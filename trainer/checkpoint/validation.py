@@ -85,6 +85,24 @@ def _check_hparams_and_progress(checkpoint: Mapping[str, Any], path: str | Path)
             raise CheckpointLoadError(
                 f"checkpoint {path}: 'progress' entry {key!r} holds {_kind(value)}; the loop counters are ints. {_FIX}"
             )
+    _check_per_rank(checkpoint, path)
+
+
+def _check_per_rank(checkpoint: Mapping[str, Any], path: str | Path) -> None:
+    """'loops' and 'rng' hold one dict per rank that saved, as many of each."""
+    for name in ("loops", "rng"):
+        for index, item in enumerate(checkpoint.get(name, [])):
+            if not isinstance(item, Mapping):
+                raise CheckpointLoadError(
+                    f"checkpoint {path}: {name!r}[{index}] holds {_kind(item)}, but each entry must be a dict (one per "
+                    f"rank that saved). {_FIX}"
+                )
+    loops, rng = checkpoint.get("loops", []), checkpoint.get("rng", [])
+    if loops and len(loops) != len(rng):
+        raise CheckpointLoadError(
+            f"checkpoint {path}: 'loops' holds {len(loops)} entries but 'rng' {len(rng)}; both hold one per rank that "
+            f"saved. {_FIX}"
+        )
 
 
 def check_resumable(checkpoint: Mapping[str, Any], path: str | Path, has_optimizers: bool) -> None:

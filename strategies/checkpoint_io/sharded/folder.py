@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from strategies.checkpoint_io.atomic_file import TMP_MARKER, atomic_save
+from strategies.checkpoint_io.atomic_file import TMP_MARKER, atomic_save, checked_target
 from strategies.checkpoint_io.filesystem import is_remote
 from strategies.checkpoint_io.sharded.async_save import AsyncSaver
 from strategies.checkpoint_io.sharded.manifest import (
@@ -33,6 +33,7 @@ from strategies.checkpoint_io.sharded.manifest import (
     verified_manifest,
 )
 from strategies.checkpoint_io.sharded.remote import remote_job, verify_remote
+from strategies.checkpoint_io.sharded.write_errors import write_cause
 from strategies.checkpoint_io.temp_owner import owner_tag
 from strategies.exceptions import CheckpointLoadError, CheckpointSaveError
 
@@ -44,6 +45,7 @@ def save_sharded(strategy: Any, checkpoint: dict[str, Any], path: str | Path, sa
     (strategies/checkpoint_io/sharded/async_save.py); the previous save is waited for first."""
     if saver is not None:
         strategy.raise_if_any_failed(saver.join())  # at most one in flight: its error surfaces here
+    path = checked_target(path)  # every rank, before any collective: an empty path fails alike everywhere
     if is_remote(path):
         job = remote_job(strategy, str(path))
     else:
@@ -67,10 +69,13 @@ def save_sharded(strategy: Any, checkpoint: dict[str, Any], path: str | Path, sa
 
 
 def _write(dcp: Any, payload: dict[str, Any], job: SaveJob, group: Any) -> str | None:
+    from torch.distributed.checkpoint.api import CheckpointException
+
     try:
         dcp.save(payload, process_group=group, **job.writer)
-    except Exception as err:  # noqa: BLE001 - DCP reports a failed rank's error on every rank
-        return f"could not write the shards of {job.label}: {err}"
+    except (Exception, CheckpointException) as err:  # noqa: BLE001 - DCP's is a BaseException holding every rank's
+        return f"could not write the shards of {job.label} ({write_cause(err, job.label)}); the previous " \
+               "checkpoint, if any, is untouched"
     return None
 
 
