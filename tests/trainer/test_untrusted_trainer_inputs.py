@@ -71,7 +71,7 @@ def _session(process: psutil.Process) -> int | None:
 @pytest.mark.parametrize("entry, value, message", [
     ("loops", [1, 2], r"'loops'\[0\] holds a int, but each entry must be a dict"),
     ("loops", ["x"], r"'loops'\[0\] holds a str"),
-    ("rng", [None], r"'rng'\[0\] holds a NoneType"),
+    ("rng", ["x"], r"'rng'\[0\] holds a str"),
     ("loops", [{}, {}], r"'loops' holds 2 entries but 'rng' 1"),
 ])
 def test_per_rank_entries_of_the_wrong_type_are_named(tmp_path: Path, entry: str, value: list, message: str):
