@@ -367,9 +367,14 @@ class Strategy(ABC):
         Called after the except block, never inside it: no collective runs in an exception handler.
         """
         errors = self.all_gather_object(error) if self.world_size > 1 else [error]
-        failed = [f"rank {rank}: {err}" for rank, err in enumerate(errors) if err]
-        if failed:
-            raise CheckpointSaveError("; ".join(failed))
+        by_message: dict[str, list[int]] = {}
+        for rank, err in enumerate(errors):
+            if err:
+                by_message.setdefault(err, []).append(rank)
+        if by_message:  # the same error on several ranks (DCP reports each rank's failure to all) is said once
+            raise CheckpointSaveError("; ".join(
+                f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {err}"
+                for err, ranks in by_message.items()))
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Read a checkpoint with `torch.load(weights_only=True)`; damage becomes a `CheckpointLoadError`."""
