@@ -23,31 +23,12 @@ from strategies.exceptions import CheckpointSaveError
 from strategies.model import compiled
 from strategies.model.activation_checkpointing import apply_activation_checkpointing, checkpointed_classes
 from strategies.model.device_move import module_on, move_to_device
+from strategies.model.step_router import StepRouter
 from strategies.model.wrapped_optimizer import unwrap_optimizer
 from strategies.precision import CANONICAL_PRECISIONS, Precision
 
 T = TypeVar("T")
 ReduceOp = Literal["mean", "sum", "max", "min"]
-
-
-class _StepRouter(nn.Module):
-    """Routes `training_step` & co. through `forward`, so wrappers (DDP, DP, FSDP2) see every step.
-
-    Calling `module.training_step()` on a wrapped model would skip the wrapper's gradient sync
-    (the bug Lightning fixed in PR #17424 by monkeypatching forward); an explicit router avoids that.
-    The precision context is entered here, not in the caller: DP runs forward in worker threads and
-    autocast state is thread-local.
-    """
-
-    def __init__(self, module: nn.Module, forward_context: Callable[[], AbstractContextManager]) -> None:
-        super().__init__()
-        self.module = module
-        self._forward_context = forward_context
-        self.__dict__["_target"] = module  # plain attribute: skips nn.Module.__getattr__ on the hot path
-
-    def forward(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        with self._forward_context():
-            return getattr(self._target, method)(*args, **kwargs)
 
 
 NULL_CONTEXT = nullcontext()  # reusable; saves building one per step
@@ -144,7 +125,7 @@ class Strategy(ABC):
         module = self.precision.convert_module(self._to_device(module))
         apply_activation_checkpointing(module, self.activation_checkpointing)
         self._module = module
-        router = _StepRouter(module, self.precision.forward_context)
+        router = StepRouter(module, self.precision.forward_context)
         self._model = self._wrap(router)
         # A wrapper (DDP, DP, FSDP2) does its work in __call__; with none, calling forward directly skips
         # nn.Module's hook machinery, which is pure overhead for our private router. FSDP2's fully_shard wraps
@@ -162,7 +143,7 @@ class Strategy(ABC):
             return module
         return module.to(device)
 
-    def _wrap(self, router: _StepRouter) -> nn.Module:
+    def _wrap(self, router: StepRouter) -> nn.Module:
         """Wrap the router (DDP, DP, FSDP2). Identity by default."""
         return router
 
@@ -367,9 +348,14 @@ class Strategy(ABC):
         Called after the except block, never inside it: no collective runs in an exception handler.
         """
         errors = self.all_gather_object(error) if self.world_size > 1 else [error]
-        failed = [f"rank {rank}: {err}" for rank, err in enumerate(errors) if err]
-        if failed:
-            raise CheckpointSaveError("; ".join(failed))
+        by_message: dict[str, list[int]] = {}
+        for rank, err in enumerate(errors):
+            if err:
+                by_message.setdefault(err, []).append(rank)
+        if by_message:  # the same error on several ranks (DCP reports each rank's failure to all) is said once
+            raise CheckpointSaveError("; ".join(
+                f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {err}"
+                for err, ranks in by_message.items()))
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Read a checkpoint with `torch.load(weights_only=True)`; damage becomes a `CheckpointLoadError`."""
@@ -403,4 +389,4 @@ class Strategy(ABC):
         """What `Trainer.model` shows: the wrapper (DDP, DataParallel) whose `forward` runs the steps, or the user's
         module itself when nothing wraps it (one device; ZeRO-2/3, which shard the module in place)."""
         model = self.model
-        return self.module if isinstance(model, _StepRouter) else model
+        return self.module if isinstance(model, StepRouter) else model

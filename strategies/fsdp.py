@@ -17,9 +17,9 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from strategies.base import _StepRouter
 from strategies.dtensor_parallel import DTENSOR_PRECISIONS, DTensorParallelStrategy
 from strategies.model import compiled, dtensor
+from strategies.model.step_router import StepRouter
 from strategies.precision import Precision
 
 FSDP_PRECISIONS = DTENSOR_PRECISIONS
@@ -68,7 +68,7 @@ class FSDPStrategy(DTensorParallelStrategy):
         self.shard_modules = tuple(shard_modules)
 
     # --- wrapping ----------------------------------------------------------------------------------
-    def _wrap(self, router: _StepRouter) -> nn.Module:
+    def _wrap(self, router: StepRouter) -> nn.Module:
         t = dtensor.torch_sharding()
         policy = self.precision.fsdp_policy()
         # An explicit mesh on this rank's device type: FSDP2's default mesh follows the default accelerator, so

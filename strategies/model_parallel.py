@@ -19,12 +19,13 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from strategies.base import ReduceOp, _StepRouter
+from strategies.base import ReduceOp
 from strategies.comm import distributed
 from strategies.comm.collective_timeout import set_group_timeout, torch_default_timeout
 from strategies.dtensor_parallel import DTensorParallelStrategy
 from strategies.exceptions import ConfigError, MisconfigurationError
 from strategies.model import dtensor
+from strategies.model.step_router import StepRouter
 from strategies.model.wrapped_optimizer import unwrap_optimizer
 from strategies.precision import Precision
 
@@ -160,10 +161,10 @@ class ModelParallelStrategy(DTensorParallelStrategy):
         self.collective_timeout.attach_more([(group, own) for group in groups])
 
     # --- building and wrapping ----------------------------------------------------------------------
-    def _wrap(self, router: _StepRouter) -> nn.Module:
+    def _wrap(self, router: StepRouter) -> nn.Module:
         module = router.module
         previous = self._model
-        if isinstance(previous, _StepRouter) and previous.module is module:
+        if isinstance(previous, StepRouter) and previous.module is module:
             return previous  # validate/test after fit: the module is laid out already, its root unit included
         _refuse_wrapped(module)
         _refuse_other_roots(module)

@@ -14,6 +14,7 @@ from trainer.cli.config import CLIError
 from trainer.cli.lightning_build import ConfigAssembler
 from trainer.cli.lightning_parser import AUTOMATIC, LightningArgumentParser
 from trainer.cli.objects import ObjectBuilder
+from trainer.cli.slots import trainer_slots
 from trainer.core.module import TrainModule
 
 
@@ -26,7 +27,8 @@ class Instantiator:
 
     def build_groups(self, config: dict[str, Any]) -> dict[str, Any]:
         built: dict[str, Any] = {k: v for k, v in config.items() if k not in self.parser.groups or k == "trainer"}
-        built["trainer"] = self.builder.build(dict(config.get("trainer") or {}), "trainer")
+        built["trainer"] = self.builder.arguments(self.trainer_class, dict(config.get("trainer") or {}), "trainer",
+                                                  make=True, slots=trainer_slots())
         pending = [k for k in self.parser.groups if k != "trainer"]
         links = [link for link in self.parser.links if link.apply_on == "instantiate"]
         while pending:
