@@ -106,6 +106,7 @@ def test_a_function_is_built_where_the_argument_asks_for_a_callable():
     assert ObjectBuilder(ConfigSources()).build({"_target_": "collections.OrderedDict"}, "x") == {}
 
 
+@pytest.mark.subprocess
 def test_lightning_cli_refuses_a_function_in_trainer_callbacks(tmp_path: Path):
     sentinel = tmp_path / "pwned"
     config = tmp_path / "config.yaml"
@@ -129,6 +130,7 @@ LAUGHS = "".join(f"{name}: &{name} [{', '.join([f'*{prev}'] * 9) if prev else ',
                  for name, prev in zip("abcdefghi", ["", *"abcdefgh"], strict=True))
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("cli", ["trainer", "LightningCLI"])
 def test_billion_laughs_is_refused_at_once_whatever_omegaconf_allows(tmp_path: Path, cli: str):
     """Defect 6: 1 KB of nested aliases (9^9 values) ran over 60 s under both CLIs with omegaconf's own bound off."""
@@ -200,6 +202,7 @@ def test_a_100k_digit_override_is_one_clear_line(capsys):
     assert "command line: 'trainer.max_steps=999" in err and "cannot parse" in err, err
 
 
+@pytest.mark.subprocess
 def test_the_python_m_trainer_command_line_says_it_in_one_line(tmp_path: Path):
     """The same through the real command, as a user runs it (no traceback storm, exit 2)."""
     config = tmp_path / "run.yaml"

@@ -190,6 +190,7 @@ def _mesh_rank(rank: int) -> Any:
     return model.mesh_seen
 
 
+@pytest.mark.distributed
 @pytest.mark.timeout(60)
 def test_device_mesh_is_the_model_parallel_mesh_in_configure_model_and_none_elsewhere():
     """Lightning's `device_mesh`: ModelParallelStrategy's (data_parallel, tensor_parallel) mesh, None otherwise."""

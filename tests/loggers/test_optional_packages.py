@@ -31,6 +31,9 @@ print(json.dumps(report))
 """
 
 
+pytestmark = pytest.mark.subprocess  # every test reads the report of one fresh interpreter without the packages
+
+
 @pytest.fixture(scope="module")
 def report() -> dict[str, str]:
     done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120, cwd=ROOT)

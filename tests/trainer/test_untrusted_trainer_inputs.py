@@ -44,6 +44,7 @@ def test_a_few_ranks_per_core_stay_fine_and_more_take_an_explicit_opt_in(monkeyp
     assert len(parse_flags(accelerator="cpu", devices=9, hardware=two_cores).devices) == 9
 
 
+@pytest.mark.subprocess
 def test_the_cli_says_it_in_one_line_and_leaves_no_process(tmp_path: Path):
     config = tmp_path / "run.yaml"
     config.write_text("model: {class_path: tests.helpers.boring.BoringModel}\n"
