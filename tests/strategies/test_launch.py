@@ -21,8 +21,7 @@ from tests.helpers.launch import REPO, TORCHRUN, _alive, _survivors, launch
 from tests.helpers.launch import assert_ok as _assert_ok
 from tests.helpers.launch import clean_env as _env
 
-pytestmark = [pytest.mark.distributed,
-              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to find survivors")]
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to find survivors")
 
 SCRIPT = REPO / "tests" / "scripts" / "train_ranks.py"
 DIGITS = REPO / "examples" / "digits.py"
@@ -87,6 +86,7 @@ def test_free_ports_are_picked_outside_the_range_outgoing_connections_take():
     assert [p for p in ports if p in ephemeral or p < 1024] == [] and len(ports) > 1
 
 
+@pytest.mark.distributed
 def test_harness_reports_orphans_and_timeouts_and_kills_them(tmp_path: Path):
     """The checks below are not vacuous: a process left behind, or a launch past its limit, fails the test."""
     out = tmp_path / "orphan"
@@ -103,6 +103,7 @@ def test_harness_reports_orphans_and_timeouts_and_kills_them(tmp_path: Path):
     assert not _alive(hung), "the harness did not kill the timed-out process"
 
 
+@pytest.mark.distributed
 @pytest.mark.smoke
 @pytest.mark.timeout(120)
 def test_own_launcher_runs_the_script_in_two_processes(tmp_path: Path):
@@ -119,6 +120,7 @@ def test_own_launcher_runs_the_script_in_two_processes(tmp_path: Path):
     assert len(fits) == 2
 
 
+@pytest.mark.distributed
 @pytest.mark.timeout(120)
 def test_digits_example_on_two_cpu_ranks(tmp_path: Path):
     out = tmp_path / "digits"
@@ -133,6 +135,7 @@ def test_digits_example_on_two_cpu_ranks(tmp_path: Path):
     assert Path(checkpoint).is_file() and Path(checkpoint).is_relative_to(out), checkpoint
 
 
+@pytest.mark.distributed
 @pytest.mark.smoke
 @pytest.mark.timeout(120)
 def test_torchrun_standalone_launches_nothing_twice(tmp_path: Path):
@@ -146,6 +149,7 @@ def test_torchrun_standalone_launches_nothing_twice(tmp_path: Path):
     assert sorted(pids) == sorted(rec["pid"] for rec in records)
 
 
+@pytest.mark.distributed
 @pytest.mark.timeout(120)
 def test_slurm_env_two_tasks_join_one_world(tmp_path: Path):
     out = tmp_path / "out"
@@ -161,6 +165,7 @@ def test_slurm_env_two_tasks_join_one_world(tmp_path: Path):
     assert len(_script_pids(out)) == 2, "a SLURM task launched extra processes"
 
 
+@pytest.mark.distributed
 @pytest.mark.timeout(120)
 def test_torchrun_two_nodes_on_localhost(tmp_path: Path):
     out = tmp_path / "out"
@@ -177,6 +182,7 @@ def test_torchrun_two_nodes_on_localhost(tmp_path: Path):
     assert len(_script_pids(out)) == 2
 
 
+@pytest.mark.distributed
 @pytest.mark.timeout(120)
 def test_two_nodes_from_env_vars_without_a_launcher(tmp_path: Path):
     out = tmp_path / "out"
@@ -189,6 +195,7 @@ def test_two_nodes_from_env_vars_without_a_launcher(tmp_path: Path):
     assert len(_script_pids(out)) == 2, "a node launched extra processes"
 
 
+@pytest.mark.distributed
 @pytest.mark.smoke
 @pytest.mark.timeout(120)
 def test_ddp_spawn_two_ranks(tmp_path: Path):
@@ -208,6 +215,7 @@ def test_ddp_spawn_two_ranks(tmp_path: Path):
         assert torch.equal(main["state_dict"][key], value), key
 
 
+@pytest.mark.distributed
 @pytest.mark.timeout(90)
 def test_own_launcher_failing_rank_stops_every_rank(tmp_path: Path):
     out = tmp_path / "out"
