@@ -38,12 +38,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import StepClock, figure, lightning_version, machine_info, quartiles, steady_intervals, write_result
+from common import Role, StepClock, figure, lightning_version, machine_info, quartiles, steady_intervals, write_result
 from contract_floor import run_contract_floor
 from profiling import profile_top
 from tables import figures_table
 from torch import Tensor, nn
 from torch.nn import functional as F
+from torch.optim.swa_utils import AveragedModel, get_ema_avg_fn
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import Callback, EMAWeightAveraging, ProgressBar
@@ -56,6 +57,7 @@ TARGETS: dict[str, float] = {"ours": 1.01, "ours_log": 1.03, "ours_log_bar": 1.0
 
 LABELS: dict[str, str] = {
     "raw": "raw torch loop",
+    "raw_ema": "raw torch loop + AveragedModel EMA update every step",
     "floor": "the hook contract alone (reference: contract_floor.py)",
     "ours": "ours (Trainer)",
     "ours_log": "ours + self.log every step",
@@ -66,6 +68,21 @@ LABELS: dict[str, str] = {
     "lightning_log_bar": "Lightning + self.log + progress bar",
     "lightning_ema": "Lightning + EMAWeightAveraging every step",
 }
+
+
+def baseline_of(name: str) -> str | None:
+    """The variant a variant is paired with: the raw EMA loop for the EMA rows, the raw loop for the others; None
+    for the two raw loops themselves."""
+    if name.startswith("raw"):
+        return None
+    return "raw_ema" if name.endswith("_ema") else "raw"
+
+
+def role_of(name: str) -> Role:
+    """Who a variant's figure belongs to."""
+    if name.startswith("raw"):
+        return "baseline"
+    return "reference" if name == "floor" else "lightning" if name.startswith("lightning") else "ours"
 
 
 @dataclass
@@ -139,11 +156,14 @@ def make_loader(dataset: TensorDataset, cfg: Config) -> DataLoader:
 
 
 # --- variants --------------------------------------------------------------------------------------------
-def run_raw(dataset: TensorDataset, cfg: Config, clock: StepClock | None = None) -> Run:
-    """The baseline: the loop a user would write by hand, with the same per-step stamp the others pay."""
+def run_raw(dataset: TensorDataset, cfg: Config, clock: StepClock | None = None, ema: bool = False) -> Run:
+    """The baseline: the loop a user would write by hand, with the same per-step stamp the others pay. With `ema`,
+    the hand-written EMA every step: torch's `AveragedModel` (the EMA averaging function of decay 0.999, buffers
+    averaged too, as both frameworks' EMA callbacks build it) updated after each optimizer step."""
     model, loader, clock = make_mlp(cfg.seed), make_loader(dataset, cfg), clock or StepClock()
     start = time.perf_counter()
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+    average = AveragedModel(model, avg_fn=get_ema_avg_fn(0.999), use_buffers=True) if ema else None
     model.train()
     for _ in range(cfg.epochs):
         for x, y in loader:
@@ -151,6 +171,8 @@ def run_raw(dataset: TensorDataset, cfg: Config, clock: StepClock | None = None)
             opt.zero_grad()
             loss.backward()
             opt.step()
+            if average is not None:
+                average.update_parameters(model)
             clock.tick()
     return Run(clock, time.perf_counter() - start)
 
@@ -271,6 +293,7 @@ def build_variants(with_lightning: bool) -> dict[str, Runner]:
     """Name → runner, in table order."""
     variants: dict[str, Runner] = {
         "raw": run_raw,
+        "raw_ema": lambda d, c, clock=None: run_raw(d, c, clock=clock, ema=True),
         "floor": run_contract_floor,
         "ours": lambda d, c, clock=None: run_ours(d, c, False, clock=clock),
         "ours_log": lambda d, c, clock=None: run_ours(d, c, True, clock=clock),
@@ -308,13 +331,14 @@ def measure(cfg: Config, variants: dict[str, Runner]) -> dict[str, list[Run]]:
 
 
 def summarize(cfg: Config, runs: dict[str, list[Run]]) -> list[VariantResult]:
-    """Medians of steady-state step intervals, and ratios paired per round against the raw loop."""
+    """Medians of steady-state step intervals, and ratios paired per round against the variant's raw loop."""
     w = cfg.warmup_steps
-    raw_wall = [statistics.median(r.wall_intervals(w)) for r in runs["raw"]]
-    raw_cpu = [statistics.median(r.cpu_intervals(w)) for r in runs["raw"]]
-    raw_fit = [r.fit_s for r in runs["raw"]]
     out: list[VariantResult] = []
     for name, variant_runs in runs.items():
+        base_runs = runs[baseline_of(name) or name]
+        raw_wall = [statistics.median(r.wall_intervals(w)) for r in base_runs]
+        raw_cpu = [statistics.median(r.cpu_intervals(w)) for r in base_runs]
+        raw_fit = [r.fit_s for r in base_runs]
         pooled = [d for r in variant_runs for d in r.wall_intervals(w)]
         pooled_cpu = [d for r in variant_runs for d in r.cpu_intervals(w)]
         wall = [statistics.median(r.wall_intervals(w)) for r in variant_runs]
@@ -346,13 +370,10 @@ def figures(results: list[VariantResult]) -> list[dict[str, Any]]:
     """The result file's figures: µs/step over rounds (each round's median), ratios paired per round."""
     out = []
     for r in results:
-        role = {"raw": "baseline", "floor": "reference"}.get(r.name, "lightning" if r.name.startswith("lightning")
-                                                            else "ours")
+        base = baseline_of(r.name)
         out.append(figure(
-            r.name, r.label, r.round_median_us, "µs/step", role=role,
-            baseline=None if r.name == "raw" else "raw",
-            ratios=None if r.name == "raw" else r.round_step_ratios,
-            target=r.target,
+            r.name, r.label, r.round_median_us, "µs/step", role=role_of(r.name),
+            baseline=base, ratios=None if base is None else r.round_step_ratios, target=r.target,
         ))
     return out
 

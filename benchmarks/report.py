@@ -105,7 +105,8 @@ def summary_block(results: dict[str, dict[str, Any]], suite: dict[str, Any]) -> 
 def overhead_extra(result: dict[str, Any]) -> list[str]:
     """CPU-time ratios; and where the time goes, under cProfile, when an overhead target is missed."""
     lines = []
-    cpu = [f"{r['label']} {r['cpu_step_ratio']:.3f}x" for r in result.get("results", []) if r["name"] != "raw"]
+    cpu = [f"{r['label']} {r['cpu_step_ratio']:.3f}x" for r in result.get("results", [])
+           if not r["name"].startswith("raw")]
     if cpu:
         lines += ["Per-thread CPU time per step against the raw loop's (medians over rounds; other processes on "
                   "the machine inflate wall time but hardly CPU time): " + ", ".join(cpu) + ".", ""]
