@@ -104,25 +104,33 @@ def is_overridden(obj: Any, name: str, base: type) -> bool:
 
 
 class HookDispatcher:
-    """Caches, per hook name, the bound callables that really do something, so that calling a hook
-    nobody overrides costs a dict lookup (this is on the per-step hot path)."""
+    """Caches, per hook name, the bound callables that really do something (resolved once per run).
+
+    `silent` holds the names resolved to nothing. The per-step call sites test it before calling `call_hook`
+    (`if "on_before_backward" not in loop.hooks.silent: call_hook(...)`), so a hook nobody overrides costs one set
+    lookup per step and no call.
+    """
 
     def __init__(self, trainer: Trainer, module_base: type) -> None:
         self._trainer = trainer
         self._module_base = module_base  # TrainModule, whose no-op hooks count as not overridden
         self._cache: dict[str, list[Callable[..., Any]]] = {}
+        self.silent: set[str] = set()
 
     def reset(self) -> None:
         self._cache.clear()
+        self.silent.clear()
 
     def __getstate__(self) -> dict[str, Any]:
         # bound closures do not pickle; rebuilt on use
-        return {"_trainer": self._trainer, "_module_base": self._module_base, "_cache": {}}
+        return {"_trainer": self._trainer, "_module_base": self._module_base, "_cache": {}, "silent": set()}
 
     def targets(self, name: str) -> list[Callable[..., Any]]:
         found = self._cache.get(name)
         if found is None:
             found = self._cache[name] = self._resolve(name)
+            if not found:
+                self.silent.add(name)
         return found
 
     def _resolve(self, name: str) -> list[Callable[..., Any]]:

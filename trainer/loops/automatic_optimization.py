@@ -88,7 +88,9 @@ class TrainingClosure:
             zero_grad(loop, self.batch_idx)
         if skip or loss is None:
             return None
-        call_hook(loop, "on_before_backward", loss)
+        silent = loop.hooks.silent  # hooks nobody overrides: skipped without a call (trainer/hooks.py)
+        if "on_before_backward" not in silent:
+            call_hook(loop, "on_before_backward", loss)
         accumulate = loop.schedule.accumulate_grad_batches
         results = loop.results
         previous, results.current_fx = results.current_fx, "backward"
@@ -99,7 +101,8 @@ class TrainingClosure:
         control.after_backward(loop)  # a NaN loss or differing metric names on any rank: every rank raises here
         loop.window_has_loss = True
         loop.position.phase = Phase.STEP_PENDING if self.is_last_micro else Phase.BACKWARD_DONE
-        call_hook(loop, "on_after_backward")
+        if "on_after_backward" not in silent:
+            call_hook(loop, "on_after_backward")
         return loss.detach()
 
 
@@ -116,7 +119,8 @@ class RestoredGradients:
 def zero_grad(loop: FitState, batch_idx: int) -> None:
     """on_before_zero_grad, then the module's `optimizer_zero_grad` (default: `optimizer.zero_grad()`)."""
     optimizer = loop.optimizers[0]
-    call_hook(loop, "on_before_zero_grad", optimizer)
+    if "on_before_zero_grad" not in loop.hooks.silent:
+        call_hook(loop, "on_before_zero_grad", optimizer)
     _call_module(loop, "optimizer_zero_grad", loop.progress.current_epoch, batch_idx, optimizer)
 
 
@@ -155,7 +159,8 @@ def after_closure(loop: FitState, optimizer: Optimizer) -> None:
         return
     loop.position.phase = Phase.STEP_PENDING  # also when this batch was skipped but the window has gradients
     loop.strategy.unscale_gradients(optimizer)
-    call_hook(loop, "on_before_optimizer_step", optimizer)
+    if "on_before_optimizer_step" not in loop.hooks.silent:
+        call_hook(loop, "on_before_optimizer_step", optimizer)
     if loop.custom_clipping:
         spec = loop.spec
         _call_module(loop, "configure_gradient_clipping", optimizer, spec.gradient_clip_val,

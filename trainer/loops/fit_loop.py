@@ -122,14 +122,16 @@ def _train_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> b
     metrics.train_batch_starts()
     batch = loop.to_device(batch, 0)
     results.set_batch(batch)
-    if call_hook(loop, "on_train_batch_start", batch, batch_idx) == -1:
+    silent = loop.hooks.silent  # hooks nobody overrides: skipped without a call (trainer/hooks.py)
+    if "on_train_batch_start" not in silent and call_hook(loop, "on_train_batch_start", batch, batch_idx) == -1:
         return False
     step_fn = train_one_batch if loop.automatic else train_one_batch_manual
     outputs = step_fn(loop, batch, batch_idx, is_last)
     progress.epoch_batches += 1
     progress.total_batches += 1
     position.phase = Phase.BETWEEN_BATCHES
-    call_hook(loop, "on_train_batch_end", outputs, batch, batch_idx)
+    if "on_train_batch_end" not in silent:
+        call_hook(loop, "on_train_batch_end", outputs, batch, batch_idx)
     stepped = not loop.automatic or loop.schedule.window_ends(batch_idx, is_last)
     metrics.step_end(results, stepped, progress.current_epoch, loop.schedule.should_stop)
     _stop_on_agreed_signal(loop)
