@@ -85,6 +85,7 @@ Notes on the pseudocode:
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -168,11 +169,9 @@ def _profiled(trainer: Trainer, action: str, fn: Callable[..., Any]) -> Callable
 
 
 def _callback_call(callback: Any, name: str, trainer: Trainer) -> Callable[..., Any]:
-    method = getattr(callback, name)
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return method(trainer, trainer.lightning_module, *args, **kwargs)
-
+    """`callback.name(trainer, module, ...)`, with the run's module bound now: the cache is rebuilt whenever a run
+    attaches a module (`HookDispatcher.reset`), and a `partial` adds no Python frame per call."""
+    call = partial(getattr(callback, name), trainer, trainer.lightning_module)
     return _profiled(trainer, f"[Callback]{callback.state_key}.{name}", call)
 
 
