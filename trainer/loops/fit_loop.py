@@ -70,12 +70,10 @@ def run_train_epoch(loop: FitState) -> None:
     iterator, start = _start_epoch(loop, loader)
     runs_out, sampler, stopped = data.runs_out(loader, num_batches), resumable_sampler(loader), False
     position.before_fetch(sampler)
-    last_seen, action = False, loop.trainer.profiler.action  # a shared no-op context when not profiling
+    last_seen, train_batch = False, _profiled_train_batch if loop.trainer.profiler.enabled else _train_batch
     for batch_idx, batch, is_last in data.iterate(iterator, num_batches, start):
         last_seen = is_last
-        with action("run_training_batch"):
-            trained = _train_batch(loop, batch, batch_idx, is_last)
-        if not trained:
+        if not train_batch(loop, batch, batch_idx, is_last):
             break
         if is_last and runs_out:
             data.run_out(iterator)  # as a plain `for` loop over the loader does
@@ -112,6 +110,12 @@ def _start_epoch(loop: FitState, loader: Any) -> tuple[Any, int]:
     if start and not progress.val_started and schedule.val_due(start - 1, start == num_batches):
         _validate_during_fit(loop)  # the save came before the validation due after that batch
     return iterator, start
+
+
+def _profiled_train_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> bool:
+    """`_train_batch` timed as Lightning's "run_training_batch" action (a profiler is on)."""
+    with loop.trainer.profiler.action("run_training_batch"):
+        return _train_batch(loop, batch, batch_idx, is_last)
 
 
 def _train_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> bool:
