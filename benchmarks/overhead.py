@@ -52,8 +52,9 @@ from trainer import Trainer, TrainModule
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "overhead.json"
 
-# Targets are reported against, never asserted: a benchmark that fails on a noisy machine helps nobody.
-TARGETS: dict[str, float] = {"ours": 1.01, "ours_log": 1.03, "ours_log_bar": 1.05}  # issue 25
+# No timed targets (issue 43): on these shared machines a run's rounds swing by more than the framework's cost, so
+# the per-step targets are on the instruction counts of instructions.py; the timed rows are reported beside them.
+TARGETS: dict[str, float] = {}
 
 LABELS: dict[str, str] = {
     "raw": "raw torch loop",

@@ -136,3 +136,14 @@ def test_ddp_instructions_sums_rank_zeros_threads_per_step():
     figures = ddp_instructions.figures_for({"raw": {"main": 100.0, "all": 110.0}, "ours": counts})
     assert [f["name"] for f in figures] == ["raw_all", "ours_all", "raw_main", "ours_main"]
     assert figures[1]["ratio"] == 2.0 and figures[3]["ratio"] == 2.0 and figures[1]["delta"] == 110.0
+
+
+def test_instruction_rows_are_paired_with_their_raw_counterpart(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))  # it imports overhead.py's pairing when called
+    instructions = _load("instructions")
+    assert instructions._chosen("ours_ema,ours_log", quick=False) == ("raw_ema", "raw", "ours_ema", "ours_log")
+    counts = {"raw": 100.0, "raw_ema": 200.0, "ours": 102.0, "ours_ema": 212.0, "lightning_ema": 300.0}
+    by_name = {f["name"]: f for f in instructions.figures_for(counts)}
+    assert [(name, f["baseline"], f["ratio"], f["target_met"]) for name, f in by_name.items()] == [
+        ("raw", None, None, None), ("raw_ema", None, None, None), ("ours", "raw", 1.02, True),
+        ("ours_ema", "raw_ema", 1.06, False), ("lightning_ema", "raw_ema", 1.5, None)]
