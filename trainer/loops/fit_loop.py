@@ -38,11 +38,10 @@ def _detached(out: Any, loss: Tensor | None) -> Any:
     return {"loss": loss.detach()}
 
 
-def train_one_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> Any:
+def train_one_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool, is_last_micro: bool) -> Any:
     """Automatic optimization (trainer/loops/automatic_optimization.py): on the batch that closes its accumulation
-    window the module's optimizer_step runs the closure (training_step, backward) and steps; other batches run the
-    closure."""
-    is_last_micro = loop.schedule.window_ends(batch_idx, is_last)
+    window (`is_last_micro`) the module's optimizer_step runs the closure (training_step, backward) and steps; other
+    batches run the closure."""
     closure = TrainingClosure(loop, batch, batch_idx, is_last, is_last_micro)
     if is_last_micro:
         step_window(loop, batch_idx, closure)
@@ -77,7 +76,7 @@ def run_train_epoch(loop: FitState) -> None:
             break
         if is_last and runs_out:
             data.run_out(iterator)  # as a plain `for` loop over the loader does
-        if schedule.val_due(batch_idx, is_last):
+        if schedule.has_validation and schedule.val_due(batch_idx, is_last):
             _validate_during_fit(loop)
         if schedule.stop_in_epoch():
             stopped = not is_last
@@ -129,16 +128,19 @@ def _train_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> b
     silent = loop.hooks.silent  # hooks nobody overrides: skipped without a call (trainer/hooks.py)
     if "on_train_batch_start" not in silent and call_hook(loop, "on_train_batch_start", batch, batch_idx) == -1:
         return False
-    step_fn = train_one_batch if loop.automatic else train_one_batch_manual
-    outputs = step_fn(loop, batch, batch_idx, is_last)
+    if loop.automatic:
+        stepped = loop.schedule.window_ends(batch_idx, is_last)
+        outputs = train_one_batch(loop, batch, batch_idx, is_last, stepped)
+    else:
+        stepped, outputs = True, train_one_batch_manual(loop, batch, batch_idx, is_last)
     progress.epoch_batches += 1
     progress.total_batches += 1
     position.phase = Phase.BETWEEN_BATCHES
     if "on_train_batch_end" not in silent:
         call_hook(loop, "on_train_batch_end", outputs, batch, batch_idx)
-    stepped = not loop.automatic or loop.schedule.window_ends(batch_idx, is_last)
     metrics.step_end(results, stepped, progress.current_epoch, loop.schedule.should_stop)
-    _stop_on_agreed_signal(loop)
+    if loop.control.stop_signal:  # agreed by every rank after this same batch
+        preemption.stop_and_exit(loop.trainer, loop.control.stop_signal)
     return True
 
 
