@@ -78,6 +78,9 @@ class Strategy(ABC):
         self._module: nn.Module | None = None
         self._model: nn.Module | None = None
         self._step: Callable[..., Any] = self._not_set_up
+        # Picked in setup_module for batch_to_device: the device, and whether the precision casts inputs at all.
+        self._batch_device: torch.device | None = None
+        self._casts_input = True
 
     # --- registry -----------------------------------------------------------------------------
     @classmethod  # noqa: B027 (optional for user-defined strategies)
@@ -146,6 +149,8 @@ class Strategy(ABC):
         # a router with hooks is always called.
         bare = self._model is router and not (router._forward_pre_hooks or router._forward_hooks)
         self._step = router.forward if bare else self._model
+        self._batch_device = self.root_device
+        self._casts_input = type(self.precision).convert_input is not Precision.convert_input
 
     def _to_device(self, module: nn.Module) -> nn.Module:
         """Move the module to this rank's device before wrapping. A module already there is left alone: `to()`
@@ -280,8 +285,9 @@ class Strategy(ABC):
 
         `move(batch, device)` replaces the default move (the module's `transfer_batch_to_device`).
         """
-        moved = move_to_device(batch, self.root_device) if move is None else move(batch, self.root_device)
-        return self.precision.convert_input(moved)
+        device = self._batch_device or self.root_device
+        moved = move_to_device(batch, device) if move is None else move(batch, device)
+        return self.precision.convert_input(moved) if self._casts_input else moved
 
     # --- collectives (identities when world_size == 1) ------------------------------------------
     def all_reduce(self, tensor: Tensor, op: ReduceOp = "mean") -> Tensor:

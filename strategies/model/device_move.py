@@ -25,9 +25,11 @@ def move_to_device(batch: Any, device: torch.device) -> Any:
             return batch
         return batch.to(device, non_blocking=device.type == "cuda")
     if isinstance(batch, (list, tuple)):
-        moved, changed = [], False
+        moved, changed, to_cpu = [], False, device == _CPU
         for item in batch:
-            new = move_to_device(item, device)
+            # a tensor already on the device, the common item, is checked here without a recursive call
+            on_device = type(item) is Tensor and (item.is_cpu if to_cpu else item.device == device)
+            new = item if on_device else move_to_device(item, device)
             changed = changed or new is not item
             moved.append(new)
         if not changed:

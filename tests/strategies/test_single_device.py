@@ -175,3 +175,23 @@ def test_a_module_with_its_own_apply_is_always_moved():
     assert not module_on(module, torch.device("cpu"))
     SingleDeviceStrategy("cpu").setup_module(module)
     assert OwnApply.applied == 1
+
+
+class _CountingInputs(Precision):
+    """A user's precision that does something with every batch (the base class's convert_input is an identity)."""
+
+    def __init__(self) -> None:
+        self.batches = 0
+
+    def convert_input(self, batch: Any) -> Any:
+        self.batches += 1
+        return batch
+
+
+def test_a_precision_that_converts_inputs_sees_every_training_batch():
+    """batch_to_device skips the identity convert_input of the base class, never a precision's own."""
+    precision = _CountingInputs()
+    trainer = Trainer(strategy=SingleDeviceStrategy("cpu", precision=precision), max_steps=3,
+                      **{**QUIET, "limit_val_batches": 0})
+    trainer.fit(BoringModel())
+    assert precision.batches == 3

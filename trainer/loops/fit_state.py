@@ -130,6 +130,8 @@ class FitState:
 
     def to_device(self, batch: Any, dataloader_idx: int = 0) -> Any:
         """The batch on the run's device, through the batch-transfer hooks when the user defined any."""
+        if not self.transfer.active:  # no hook of the user's: the strategy's move, one call less per batch
+            return self.strategy.batch_to_device(batch)
         return self.transfer(self.strategy, batch, dataloader_idx)
 
     def clip_gradients(self, optimizer: Optimizer) -> None:
