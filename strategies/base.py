@@ -39,14 +39,17 @@ class _StepRouter(nn.Module):
     autocast state is thread-local.
     """
 
-    def __init__(self, module: nn.Module, forward_context: Callable[[], AbstractContextManager]) -> None:
+    def __init__(self, module: nn.Module, forward_context: Callable[[], AbstractContextManager] | None) -> None:
         super().__init__()
         self.module = module
-        self._forward_context = forward_context
+        self._forward_context = forward_context  # None: the precision has none (32-true), no `with` per step
         self.__dict__["_target"] = module  # plain attribute: skips nn.Module.__getattr__ on the hot path
 
     def forward(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        with self._forward_context():
+        context = self._forward_context
+        if context is None:
+            return getattr(self._target, method)(*args, **kwargs)
+        with context():
             return getattr(self._target, method)(*args, **kwargs)
 
 
@@ -141,7 +144,9 @@ class Strategy(ABC):
         module = self.precision.convert_module(self._to_device(module))
         apply_activation_checkpointing(module, self.activation_checkpointing)
         self._module = module
-        router = _StepRouter(module, self.precision.forward_context)
+        precision = self.precision
+        has_context = type(precision).forward_context is not Precision.forward_context  # the base's: a no-op
+        router = _StepRouter(module, precision.forward_context if has_context else None)
         self._model = self._wrap(router)
         # A wrapper (DDP, DP, FSDP2) does its work in __call__; with none, calling forward directly skips
         # nn.Module's hook machinery, which is pure overhead for our private router. FSDP2's fully_shard wraps

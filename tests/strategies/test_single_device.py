@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import namedtuple
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -195,3 +197,28 @@ def test_a_precision_that_converts_inputs_sees_every_training_batch():
                       **{**QUIET, "limit_val_batches": 0})
     trainer.fit(BoringModel())
     assert precision.batches == 3
+
+
+class _CountingContext(Precision):
+    """A user's precision with a context of its own around every step (the base class's is a shared no-op)."""
+
+    def __init__(self) -> None:
+        self.entered = 0
+
+    @contextlib.contextmanager
+    def _counted(self) -> Iterator[None]:
+        self.entered += 1
+        yield
+
+    def forward_context(self) -> contextlib.AbstractContextManager:
+        return self._counted()
+
+
+def test_a_precision_with_a_forward_context_is_entered_around_every_step():
+    """The router enters no context for the base class's no-op, and always a precision's own."""
+    precision = _CountingContext()
+    strategy = SingleDeviceStrategy("cpu", precision=precision)
+    strategy.setup_module(BoringModel())
+    strategy.step("training_step", torch.randn(4, 32), 0)
+    strategy.step("training_step", torch.randn(4, 32), 1)
+    assert precision.entered == 2
