@@ -84,6 +84,9 @@ class Strategy(ABC):
         # Picked in setup_module for batch_to_device: the device, and whether the precision casts inputs at all.
         self._batch_device: torch.device | None = None
         self._casts_input = True
+        # Whether `unscale_gradients` does anything (16-mixed's scaler, a strategy's or precision's own): the loop
+        # skips the call per step when not. Picked in setup_module.
+        self.unscales_gradients = True
 
     # --- registry -----------------------------------------------------------------------------
     @classmethod  # noqa: B027 (optional for user-defined strategies)
@@ -156,6 +159,8 @@ class Strategy(ABC):
         self._step = router.forward if bare else self._model
         self._batch_device = self.root_device
         self._casts_input = type(self.precision).convert_input is not Precision.convert_input
+        self.unscales_gradients = (type(self).unscale_gradients is not Strategy.unscale_gradients
+                                   or type(self.precision).unscale_gradients is not Precision.unscale_gradients)
 
     def _to_device(self, module: nn.Module) -> nn.Module:
         """Move the module to this rank's device before wrapping. A module already there is left alone: `to()`

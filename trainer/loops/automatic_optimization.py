@@ -138,8 +138,9 @@ def step_window(loop: FitState, batch_idx: int, closure: TrainingClosure | Resto
     if not loop.window_has_loss:  # every batch of the window was skipped: no gradients, no step
         return
     progress = loop.progress
-    if loop.step_taken and loop.scheduler_stepper.has_step_schedulers:
-        loop.scheduler_stepper.step("step", progress.global_step + 1, loop.metrics.callback_metrics)
+    stepper = loop.scheduler_stepper
+    if loop.step_taken and stepper.configs and stepper.has_step_schedulers:  # no scheduler: no call
+        stepper.step("step", progress.global_step + 1, loop.metrics.callback_metrics)
     loop.position.phase = Phase.STEPPED
     progress.global_step += 1
     loop.window_has_loss = False
@@ -158,14 +159,15 @@ def after_closure(loop: FitState, optimizer: Optimizer) -> None:
     if not loop.window_has_loss:
         return
     loop.position.phase = Phase.STEP_PENDING  # also when this batch was skipped but the window has gradients
-    loop.strategy.unscale_gradients(optimizer)
+    strategy, spec = loop.strategy, loop.spec
+    if strategy.unscales_gradients:  # a precision without a loss scaler has nothing to undo
+        strategy.unscale_gradients(optimizer)
     if "on_before_optimizer_step" not in loop.hooks.silent:
         call_hook(loop, "on_before_optimizer_step", optimizer)
     if loop.custom_clipping:
-        spec = loop.spec
         _call_module(loop, "configure_gradient_clipping", optimizer, spec.gradient_clip_val,
                      spec.gradient_clip_algorithm)
-    else:
+    elif spec.gradient_clip_val:  # None or 0: no clipping
         loop.clip_gradients(optimizer)
 
 
