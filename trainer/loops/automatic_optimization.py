@@ -98,7 +98,8 @@ class TrainingClosure:
             loop.strategy.backward(loss / accumulate if accumulate > 1 else loss)
         finally:
             results.current_fx = previous
-        control.after_backward(loop)  # a NaN loss or differing metric names on any rank: every rank raises here
+        if control.in_flight is not None:  # a NaN loss or differing metric names on any rank: every rank raises here
+            control.after_backward(loop)
         loop.window_has_loss = True
         loop.position.phase = Phase.STEP_PENDING if self.is_last_micro else Phase.BACKWARD_DONE
         if "on_after_backward" not in silent:
