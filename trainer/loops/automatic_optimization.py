@@ -62,10 +62,12 @@ def loss_from(out: Any) -> Tensor | None:
 class TrainingClosure:
     """One batch's training_step, agreement, zero_grad and backward; returns the detached loss (None: skipped).
 
-    `output` and `loss` keep what the last call's training_step returned; `calls` counts the calls.
+    `output` and `loss` keep what the last call's training_step returned, `detached` what it returned itself (the
+    loss detached, or None); `calls` counts the calls.
     """
 
-    __slots__ = ("loop", "batch", "batch_idx", "is_last", "is_last_micro", "zero_grad", "output", "loss", "calls")
+    __slots__ = ("loop", "batch", "batch_idx", "is_last", "is_last_micro", "zero_grad", "output", "loss", "detached",
+                 "calls")
 
     def __init__(self, loop: FitState, batch: Any, batch_idx: int, is_last: bool, is_last_micro: bool) -> None:
         self.loop, self.batch, self.batch_idx = loop, batch, batch_idx
@@ -73,11 +75,13 @@ class TrainingClosure:
         self.zero_grad = batch_idx % loop.schedule.accumulate_grad_batches == 0  # the first batch of its window
         self.output: Any = None
         self.loss: Tensor | None = None
+        self.detached: Tensor | None = None
         self.calls = 0
 
     def __call__(self) -> Tensor | None:
         loop = self.loop
         self.calls += 1
+        self.detached = None
         control = loop.control
         self.output = out = loop.run_step("training_step", self.batch, self.batch_idx)
         self.loss = loss = loss_from(out)
@@ -104,7 +108,8 @@ class TrainingClosure:
         loop.position.phase = Phase.STEP_PENDING if self.is_last_micro else Phase.BACKWARD_DONE
         if "on_after_backward" not in silent:
             call_hook(loop, "on_after_backward")
-        return loss.detach()
+        self.detached = detached = loss.detach()  # on_train_batch_end's outputs hold this same tensor (as Lightning's)
+        return detached
 
 
 class RestoredGradients:

@@ -27,15 +27,18 @@ if TYPE_CHECKING:
     from trainer.loops.fit_state import FitState
 
 
-def _detached(out: Any, loss: Tensor | None) -> Any:
-    """What on_train_batch_end receives: the step output with the loss detached (as in Lightning)."""
+def _detached(out: Any, loss: Tensor | None, detached: Tensor | None) -> Any:
+    """What on_train_batch_end receives: the step output with the loss detached (as in Lightning); `detached` is the
+    detached loss the closure returned, when it ran to the end (a skipped step detaches here)."""
     if loss is None:
         return out
+    if detached is None:
+        detached = loss.detach()
     if out is loss:
-        return {"loss": loss.detach()}
+        return {"loss": detached}
     if isinstance(out, Mapping):
-        return {**out, "loss": loss.detach()}
-    return {"loss": loss.detach()}
+        return {**out, "loss": detached}
+    return {"loss": detached}
 
 
 def train_one_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool, is_last_micro: bool) -> Any:
@@ -48,7 +51,7 @@ def train_one_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool, i
     else:
         with loop.strategy.no_backward_sync(True):  # wraps forward and backward
             closure()
-    return _detached(closure.output, closure.loss)
+    return _detached(closure.output, closure.loss, closure.detached)
 
 
 def train_one_batch_manual(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> Any:
