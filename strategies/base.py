@@ -159,8 +159,8 @@ class Strategy(ABC):
         self._step = router.forward if bare else self._model
         self._batch_device = self.root_device
         self._casts_input = type(self.precision).convert_input is not Precision.convert_input
-        self.unscales_gradients = (type(self).unscale_gradients is not Strategy.unscale_gradients
-                                   or type(self.precision).unscale_gradients is not Precision.unscale_gradients)
+        self.unscales_gradients = type(self).unscale_gradients is not Strategy.unscale_gradients or \
+            self.precision.unscales()
 
     def _to_device(self, module: nn.Module) -> nn.Module:
         """Move the module to this rank's device before wrapping. A module already there is left alone: `to()`
