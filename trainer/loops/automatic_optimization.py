@@ -84,7 +84,8 @@ class TrainingClosure:
         self.detached = None
         control = loop.control
         self.output = out = loop.run_step("training_step", self.batch, self.batch_idx)
-        self.loss = loss = loss_from(out)
+        # loss_from's own first check, here: the common output (a scalar loss tensor) needs no call
+        self.loss = loss = out if type(out) is Tensor and out.requires_grad and out.numel() == 1 else loss_from(out)
         # Every rank learns whether any rank skips (here), ran out of data or got a stop signal
         # (trainer/ranks/agreement.py).
         skip = control.after_training_step(loop, loss, self.is_last, True)
