@@ -105,6 +105,16 @@ def test_gpu_benchmark_smoke_runs_on_cpu(tmp_path):
     assert done.returncode == 0 and json.loads(out.read_text())["mode"] == "smoke", done.stderr[-4000:]
 
 
+def test_gpu_diagnosis_smoke_runs_on_cpu(tmp_path):
+    out = tmp_path / "diagnose.json"
+    done = subprocess.run([sys.executable, str(BENCH / "gpu_diagnose.py"), "--smoke", "--out", str(out)],
+                          capture_output=True, text=True, timeout=200,
+                          env={**os.environ, "PYTHONPATH": str(BENCH.parent)})
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert {"ops", "syncs", "python"} <= set(result["bf16-mixed"]), result.keys()
+
+
 def test_jobs_above_one_needs_quick_mode(tmp_path):
     done = subprocess.run([sys.executable, str(BENCH / "run_all.py"), "--jobs", "2", "--results-dir", str(tmp_path),
                            "--no-docs"], capture_output=True, text=True, timeout=60)
