@@ -137,7 +137,37 @@ def import_extra(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-EXTRAS = {"overhead": overhead_extra, "import_time": import_extra}
+def scale_extra(result: dict[str, Any]) -> list[str]:
+    """Every figure of the scale study per world size, and its slope extrapolated to 64 and 512 ranks."""
+    summary, trend = result.get("summary"), result.get("trend", {})
+    if not summary:
+        return []
+    lines = ["Per rank (the largest rank's where ranks differ; CPU time: the median rank's). CPU µs: the main "
+             "thread's per steady step, ours and the raw script's (8 ranks share 2 cores: the noise is milliseconds, "
+             "so read the lines column, which is exact). Sent: MiB per step, ours / raw / formula. Launch: seconds "
+             "to the first step, ours / raw.", "",
+             "| strategy | ranks | model state MiB (formula) | CPU µs ours / raw | our lines per step | sent MiB "
+             "(ours / raw / formula) | launch s (ours / raw) |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for case, rows in summary.items():
+        for r in rows:
+            launch = f"{r['launch_s_ours']:.1f} / {r['launch_s_raw']:.1f}" if "launch_s_ours" in r else "–"
+            lines.append(f"| {case} | {r['world']} | {r['model_state_mib']:.2f} ({r['formula_mib']:.2f}) | "
+                         f"{r['cpu_us_ours']:,.0f} / {r['cpu_us_raw']:,.0f} | {r['our_lines_per_step']:.0f} | "
+                         f"{r['sent_mib_ours']:.2f} / {r['sent_mib_raw']:.2f} / {r['sent_mib_formula']:.2f} | "
+                         f"{launch} |")
+    words = {"cpu_us_beyond_raw": "CPU µs per step beyond raw", "our_lines_per_step": "our lines per step",
+             "sent_mib_ours": "MiB sent per step", "launch_s_beyond_raw": "launch s beyond raw"}
+    lines += ["", "The line through the world sizes above 1 (least squares), extrapolated:", "",
+              "| strategy | figure | per added rank | at 64 ranks | at 512 ranks |", "|---|---|---:|---:|---:|"]
+    for case, figures in trend.items():
+        for key, t in figures.items():
+            lines.append(f"| {case} | {words.get(key, key)} | {t['per_rank']:+.3g} | {t['at_64']:,.3g} | "
+                         f"{t['at_512']:,.3g} |")
+    lines += ["", "![The scale study against the world size](img/scale_world.png)"]
+    return lines
+
+
+EXTRAS = {"overhead": overhead_extra, "import_time": import_extra, "scale": scale_extra}
 
 
 def section_block(bench: Benchmark, result: dict[str, Any] | None, status: str | None, img: str | None) -> str:

@@ -30,6 +30,7 @@ class Benchmark:
     needs_tools: tuple[str, ...] = ()  # programs it runs (valgrind, cc): without them it is "not run"
     timeout_s: int = 900  # per run; a hung benchmark fails instead of stalling the suite
     details: str = ""  # where the feature's own docs say more, relative to docs/
+    in_suite: bool = True  # False: too long for `make bench`; runs when named (`--only`), reported like the others
 
     @property
     def path(self) -> Path:
@@ -79,6 +80,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               details="distributed.md#benchmark"),
     Benchmark("zero_memory", "zero_memory.py", "ZeRO memory per rank", "model state per rank as the formula says",
               full_args=("--rounds", "1"), details="zero.md#benchmark"),
+    Benchmark("scale", "scale.py", "Cost as the world grows (1-8 CPU ranks)",
+              "zero3's model state per rank within 10 % of the formula at every world size; nothing of ours grows "
+              "faster than O(world) per step", full_args=(), quick_args=("--quick",), in_suite=False),
     Benchmark("gpu", "gpu.py", "GPU throughput (ResNet-18, small GPT, host-bound MLP)",
               "host-bound MLP ≤ 1.02x the raw loop's step time", quick_args=("--quick",), needs_cuda=True),
 )
