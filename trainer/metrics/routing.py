@@ -123,8 +123,8 @@ class MetricsRouter:
             return
         count = self._progress.stepped_batches + 1
         self._progress.stepped_batches = count
-        if not (self.log_due(count) or (stopping and self.loggers and self.log_every_n_steps > 0)):
-            return
+        if not self.loggers or not (self.log_due(count) or (stopping and self.log_every_n_steps > 0)):
+            return  # no logger: nothing goes out at any step (one check, no call)
         values = results.step_metrics("logger")
         if values:
             self._send({**to_python(values), "epoch": epoch}, count - 1)
