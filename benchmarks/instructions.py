@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import gc
 import re
 import shutil
 import subprocess
@@ -112,6 +113,10 @@ def run_child(variants: list[str], warmup: int, steps: int, lib_path: str) -> No
     runners = overhead.build_variants(with_lightning=any(v.startswith("lightning") for v in variants),
                                       bf16=any(v.endswith("_bf16") for v in variants))
     for variant in variants:
+        # What an earlier variant left behind is collected and frozen out of the collector's view, so each variant's
+        # garbage collections scan only its own objects, whatever ran before it.
+        gc.collect()
+        gc.freeze()
         clock = MarkingClock(variant)
         runners[variant](dataset, cfg, clock=clock)
         if len(clock.wall) < warmup + steps:
@@ -157,7 +162,8 @@ def count(variants: tuple[str, ...], warmup: int, steps: int, lib: Path, folder:
 def _child_env() -> dict[str, str]:
     from common import child_env
 
-    return child_env(OMP_NUM_THREADS="1")
+    # A fixed hash seed: str hashes are salted per process, and dict and set probes then differ from run to run.
+    return child_env(OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
 
 
 def measure(variants: tuple[str, ...], warmup: int, steps: int, timeout: float = 3600) -> dict[str, float]:
