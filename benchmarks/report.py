@@ -156,7 +156,7 @@ def scale_extra(result: dict[str, Any]) -> list[str]:
                          f"{r['sent_mib_ours']:.2f} / {r['sent_mib_raw']:.2f} / {r['sent_mib_formula']:.2f} | "
                          f"{launch} |")
     words = {"cpu_us_beyond_raw": "CPU µs per step beyond raw", "our_lines_per_step": "our lines per step",
-             "sent_mib_ours": "MiB sent per step", "launch_s_beyond_raw": "launch s beyond raw"}
+             "sent_mib_beyond_raw": "MiB sent per step beyond raw", "launch_s_beyond_raw": "launch s beyond raw"}
     lines += ["", "The line through the world sizes above 1 (least squares), extrapolated:", "",
               "| strategy | figure | per added rank | at 64 ranks | at 512 ranks |", "|---|---|---:|---:|---:|"]
     for case, figures in trend.items():
