@@ -219,10 +219,11 @@ def wrap_optimizers(loop: FitState, built: list[Optimizer]) -> list[StrategyOpti
 
 
 def _call_module(loop: FitState, name: str, *args: Any) -> Any:
-    """Call the module's own `name` (its default or the user's override), with `self.log` attributed to it."""
+    """Call the module's own `name` (its default or the user's override), with `self.log` attributed to it. The module
+    is the run's TrainModule (`loop.module`), the one every other module hook is called on (trainer/hooks.py)."""
     results = loop.results
     previous, results.current_fx = results.current_fx, name
     try:
-        return getattr(loop.strategy.module, name)(*args)
+        return getattr(loop.module, name)(*args)
     finally:
         results.current_fx = previous
