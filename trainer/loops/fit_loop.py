@@ -51,7 +51,10 @@ def train_one_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool, i
     else:
         with loop.strategy.no_backward_sync(True):  # wraps forward and backward
             closure()
-    return _detached(closure.output, closure.loss, closure.detached)
+    out, detached = closure.output, closure.detached
+    if detached is not None and out is closure.loss:  # the common output, a loss tensor: no call
+        return {"loss": detached}
+    return _detached(out, closure.loss, detached)
 
 
 def train_one_batch_manual(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> Any:
