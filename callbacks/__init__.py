@@ -1,7 +1,8 @@
 """Callbacks: hooks that observe or steer a run (checkpointing, early stopping, LR logging, progress).
 
 Each name is imported from its module on first use (PEP 562), so `import callbacks` and a Trainer that needs
-three callbacks do not load the other twenty: time to first step is a benchmark."""
+three callbacks do not load the other twenty: time to first step is a benchmark. Lightning's other callback names
+resolve through callbacks/from_lightning.py, or name what to use instead."""
 
 from __future__ import annotations
 
@@ -68,11 +69,18 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     module = _MODULES.get(name)
     if module is None:
-        raise AttributeError(f"module 'callbacks' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+        from callbacks.from_lightning import NAMES
+        from strategies.from_lightning import resolve
+
+        value = resolve(__name__, NAMES, name)
+    else:
+        value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # later lookups are plain attribute reads
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_MODULES})
+    from callbacks.from_lightning import NAMES
+    from strategies.from_lightning import names_here
+
+    return sorted({*globals(), *_MODULES, *names_here(NAMES)})

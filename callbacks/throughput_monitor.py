@@ -30,6 +30,29 @@ if TYPE_CHECKING:
 _THROUGHPUT_ARGS = ("window_size", "separator")
 
 
+def measure_flops(model: torch.nn.Module, forward_fn: Callable[[], torch.Tensor],
+                  loss_fn: Callable[[torch.Tensor], torch.Tensor] | None = None) -> int:
+    """The FLOPs torch's FlopCounterMode counts in `forward_fn()` (with `loss_fn`, in the loss and its backward too):
+    what a module's `flops_per_batch` should hold. Build the model on the meta device to count without computing.
+
+    Example:
+        ```python
+        with torch.device("meta"):
+            model, x = Net(), torch.randn(32, 128)
+        flops_per_batch = measure_flops(model, lambda: model(x), lambda y: y.sum())
+        ```
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        if loss_fn is None:
+            forward_fn()
+        else:
+            loss_fn(forward_fn()).backward()
+    return counter.get_total_flops()
+
+
 class Throughput:
     """Running totals and the rates over the last `window_size` updates (Lightning's `Throughput`, without the
     per-chip peak-FLOPs table: `device/mfu` needs `available_flops`, which the callback does not know)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
@@ -21,6 +22,13 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 _STAGES = ("train", "sanity_check", "validate", "test", "predict")
+
+
+class Interval(str, Enum):
+    """When the Timer checks the time (Lightning's enum; the plain strings work too: `Interval.step == "step"`)."""
+
+    step = "step"
+    epoch = "epoch"
 
 
 class Timer(Callback):

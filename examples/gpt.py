@@ -2,11 +2,13 @@
 
 Shows a transformer built from torch.nn pieces (causal attention by F.scaled_dot_product_attention), AdamW with
 weight decay on matrices only, gradient clipping by a Trainer flag, train/val loss, and one module under every
-strategy: `--strategy zero2`/`zero3` shard it with FSDP2, `--precision bf16-mixed` runs it under autocast. At
-the end `save_checkpoint` gathers the (maybe sharded) weights into one file; rank 0 reloads it and samples text.
+strategy: `--strategy zero2`/`zero3` shard it with FSDP2, `--strategy model_parallel` splits every block's heads
+and MLP over the ranks (tensor parallelism, `configure_model`), `--precision bf16-mixed` runs it under autocast.
+At the end `save_checkpoint` gathers the (maybe sharded) weights into one file; rank 0 reloads it and samples text.
 
     python examples/gpt.py --max-epochs 2
     python examples/gpt.py --accelerator cpu --devices 2 --strategy zero3 --precision bf16-mixed
+    python examples/gpt.py --accelerator cpu --devices 4 --strategy model_parallel --data-parallel 2   # 2x2 mesh
     python examples/gpt.py --fast-dev-run --n-layer 1 --n-embd 32 --block-size 32
     python -m trainer fit --config examples/configs/gpt.yaml
 """
@@ -23,7 +25,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import Callback
-from strategies import ZeroStrategy
+from strategies import ModelParallelStrategy, ZeroStrategy
 from trainer import DataModule, Trainer, TrainModule, seed_everything
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -75,18 +77,20 @@ class Block(nn.Module):
 
     def __init__(self, n_embd: int, n_head: int, dropout: float) -> None:
         super().__init__()
-        self.n_head, self.dropout = n_head, dropout
+        self.n_head, self.head_dim, self.dropout = n_head, n_embd // n_head, dropout
         self.ln1, self.ln2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
-        self.qkv, self.proj = nn.Linear(n_embd, 3 * n_embd), nn.Linear(n_embd, n_embd)
+        # q, k and v apart (not one fused Linear): tensor parallelism splits each by output rows, i.e. by heads
+        self.q, self.k, self.v = (nn.Linear(n_embd, n_embd) for _ in range(3))
+        self.proj = nn.Linear(n_embd, n_embd)
         self.mlp = nn.Sequential(nn.Linear(n_embd, 4 * n_embd), nn.GELU(), nn.Linear(4 * n_embd, n_embd),
                                  nn.Dropout(dropout))
 
     def attention(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(x).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))  # (b, h, t, d)
+        b, t, _ = x.shape
+        # -1: the heads this rank holds (all of them, or n_head / tensor-parallel size)
+        q, k, v = (p(x).view(b, t, -1, self.head_dim).transpose(1, 2) for p in (self.q, self.k, self.v))  # (b, h, t, d)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
-        return F.dropout(self.proj(y.transpose(1, 2).reshape(b, t, c)), self.dropout, self.training)
+        return F.dropout(self.proj(y.transpose(1, 2).reshape(b, t, -1)), self.dropout, self.training)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.ln1(x))
@@ -104,6 +108,29 @@ class GPTModule(TrainModule):
         self.blocks = nn.Sequential(*(Block(n_embd, n_head, dropout) for _ in range(n_layer)))
         self.ln_f = nn.LayerNorm(n_embd)
         self.head = nn.Linear(n_embd, VOCAB_SIZE, bias=False)  # not tied to tok_emb: FSDP2 shards each on its own
+        self.parallelized = False  # configure_model runs at every fit; it parallelizes once
+
+    def configure_model(self) -> None:
+        """Under `strategy="model_parallel"` (a device mesh): split each block's heads (q, k, v by output rows, proj
+        by input columns) and its MLP over the "tensor_parallel" ranks, and shard each block over the
+        "data_parallel" ones (FSDP2); the embeddings and the head stay whole. Nothing under other strategies."""
+        mesh = self.device_mesh
+        if mesh is None or self.parallelized:
+            return
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        tp, dp = mesh["tensor_parallel"], mesh["data_parallel"]
+        if self.hparams.n_head % tp.size():
+            raise ValueError(f"n_head={self.hparams.n_head} does not split over {tp.size()} tensor-parallel ranks")
+        plan = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "proj": RowwiseParallel(),
+                "mlp.0": ColwiseParallel(), "mlp.2": RowwiseParallel()}
+        for block in self.blocks:
+            if tp.size() > 1:
+                parallelize_module(block, tp, plan)
+            if dp.size() > 1:
+                fully_shard(block, mesh=dp)
+        self.parallelized = True
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(idx.shape[1], device=idx.device)
@@ -154,7 +181,10 @@ class SaveWeights(Callback):
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--strategy", default="auto", help='"auto", "single", "ddp", "ddp_spawn", "zero1", "zero2", "zero3"')
+    p.add_argument("--strategy", default="auto",
+                   help='"auto", "single", "ddp", "ddp_spawn", "zero1", "zero2", "zero3", "model_parallel"')
+    p.add_argument("--data-parallel", type=int, default=1,
+                   help="with --strategy model_parallel: data-parallel size (the rest of the devices split layers)")
     p.add_argument("--devices", default="1", help='a count, or "auto"')
     p.add_argument("--accelerator", default="auto", help='"auto", "cpu", "gpu", ...')
     p.add_argument("--precision", default="32-true", help='"32-true", "bf16-mixed", "bf16-true", "16-mixed", ...')
@@ -181,6 +211,8 @@ def main() -> None:
     strategy: Any = args.strategy
     if strategy in ("zero2", "zero3"):  # shard by transformer block (FSDP's usual unit) rather than by Linear
         strategy = ZeroStrategy(stage=int(strategy[-1]), shard_modules=(Block,))
+    elif strategy == "model_parallel":  # one weights file at the end (a folder of shards by default)
+        strategy = ModelParallelStrategy(data_parallel_size=args.data_parallel, save_distributed_checkpoint=False)
     path = Path(args.root) / "final-weights.ckpt"
     trainer = Trainer(
         strategy=strategy, devices=int(args.devices) if args.devices.isdigit() else args.devices,
@@ -190,6 +222,7 @@ def main() -> None:
     )
     trainer.fit(model, datamodule=data)
     if trainer.is_global_zero:
+        print(f"strategy: {trainer.strategy!r}")
         print(f"final metrics: { {k: round(float(v), 4) for k, v in trainer.callback_metrics.items()} }")
         text = GPTModule.load_from_checkpoint(path).generate("The Trainer ", args.sample_chars)
         print(f"weights: {path}\n--- sample ---\n{text}\n--------------")

@@ -1,12 +1,16 @@
-"""Strategies: everything that differs between one device, DataParallel, DDP and ZeRO.
+"""Strategies: everything that differs between one device, DataParallel, DDP, ZeRO and tensor parallelism.
 
-This package is a leaf: it imports torch only, never `trainer` or `callbacks`.
+This package is a leaf: it imports torch only, never `trainer` or `callbacks`. Lightning's names under
+`lightning.pytorch.strategies` and `.plugins` resolve here too (strategies/from_lightning.py), or name what to use.
 """
+
+from typing import Any
 
 from strategies.base import Strategy
 from strategies.comm.distributed import rank_zero_only
 from strategies.ddp import DDPStrategy
 from strategies.dp import DataParallelStrategy
+from strategies.model_parallel import ModelParallelStrategy
 from strategies.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision, precision_from_flag
 from strategies.registry import STRATEGY_REGISTRY
 from strategies.single_device import SingleDeviceStrategy
@@ -18,6 +22,7 @@ __all__ = [
     "DoublePrecision",
     "HalfPrecision",
     "MixedPrecision",
+    "ModelParallelStrategy",
     "STRATEGY_REGISTRY",
     "Precision",
     "SingleDeviceStrategy",
@@ -26,3 +31,17 @@ __all__ = [
     "precision_from_flag",
     "rank_zero_only",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    from strategies.from_lightning import NAMES, resolve
+
+    value = resolve(__name__, NAMES, name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    from strategies.from_lightning import NAMES, names_here
+
+    return sorted({*globals(), *names_here(NAMES)})

@@ -23,34 +23,12 @@ from strategies.exceptions import CheckpointSaveError
 from strategies.model import compiled
 from strategies.model.activation_checkpointing import apply_activation_checkpointing, checkpointed_classes
 from strategies.model.device_move import module_on, move_to_device
+from strategies.model.step_router import StepRouter
+from strategies.model.wrapped_optimizer import unwrap_optimizer
 from strategies.precision import CANONICAL_PRECISIONS, Precision
-from strategies.wrapped_optimizer import unwrap_optimizer
 
 T = TypeVar("T")
 ReduceOp = Literal["mean", "sum", "max", "min"]
-
-
-class _StepRouter(nn.Module):
-    """Routes `training_step` & co. through `forward`, so wrappers (DDP, DP, FSDP2) see every step.
-
-    Calling `module.training_step()` on a wrapped model would skip the wrapper's gradient sync
-    (the bug Lightning fixed in PR #17424 by monkeypatching forward); an explicit router avoids that.
-    The precision context is entered here, not in the caller: DP runs forward in worker threads and
-    autocast state is thread-local.
-    """
-
-    def __init__(self, module: nn.Module, forward_context: Callable[[], AbstractContextManager] | None) -> None:
-        super().__init__()
-        self.module = module
-        self._forward_context = forward_context  # None: the precision has none (32-true), no `with` per step
-        self.__dict__["_target"] = module  # plain attribute: skips nn.Module.__getattr__ on the hot path
-
-    def forward(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        context = self._forward_context
-        if context is None:
-            return getattr(self._target, method)(*args, **kwargs)
-        with context():
-            return getattr(self._target, method)(*args, **kwargs)
 
 
 NULL_CONTEXT = nullcontext()  # reusable; saves building one per step
@@ -81,12 +59,10 @@ class Strategy(ABC):
         self._module: nn.Module | None = None
         self._model: nn.Module | None = None
         self._step: Callable[..., Any] = self._not_set_up
-        # Picked in setup_module for batch_to_device: the device, and whether the precision casts inputs at all.
+        # Picked in setup_module: batch_to_device's device and whether the precision casts inputs; whether
+        # unscale_gradients does anything (16-mixed's scaler, an override), else the loop skips it per step.
         self._batch_device: torch.device | None = None
-        self._casts_input = True
-        # Whether `unscale_gradients` does anything (16-mixed's scaler, a strategy's or precision's own): the loop
-        # skips the call per step when not. Picked in setup_module.
-        self.unscales_gradients = True
+        self._casts_input = self.unscales_gradients = True
 
     # --- registry -----------------------------------------------------------------------------
     @classmethod  # noqa: B027 (optional for user-defined strategies)
@@ -112,6 +88,12 @@ class Strategy(ABC):
     @abstractmethod
     def root_device(self) -> torch.device:
         """The device this rank computes on."""
+
+    @property
+    def device_mesh(self) -> Any:
+        """The device mesh the module's `configure_model` parallelizes over (`TrainModule.device_mesh`); None for a
+        strategy that lays the model out itself."""
+        return None
 
     @property
     def is_global_zero(self) -> bool:
@@ -147,9 +129,9 @@ class Strategy(ABC):
         module = self.precision.convert_module(self._to_device(module))
         apply_activation_checkpointing(module, self.activation_checkpointing)
         self._module = module
-        precision = self.precision
-        has_context = type(precision).forward_context is not Precision.forward_context  # the base's: a no-op
-        router = _StepRouter(module, precision.forward_context if has_context else None)
+        precision = self.precision  # the base's forward_context is a no-op: the router enters none per step
+        router = StepRouter(module, precision.forward_context
+                            if type(precision).forward_context is not Precision.forward_context else None)
         self._model = self._wrap(router)
         # A wrapper (DDP, DP, FSDP2) does its work in __call__; with none, calling forward directly skips
         # nn.Module's hook machinery, which is pure overhead for our private router. FSDP2's fully_shard wraps
@@ -157,10 +139,9 @@ class Strategy(ABC):
         # a router with hooks is always called.
         bare = self._model is router and not (router._forward_pre_hooks or router._forward_hooks)
         self._step = router.forward if bare else self._model
-        self._batch_device = self.root_device
-        self._casts_input = type(self.precision).convert_input is not Precision.convert_input
-        self.unscales_gradients = type(self).unscale_gradients is not Strategy.unscale_gradients or \
-            self.precision.unscales()
+        self._batch_device, self._casts_input = self.root_device, type(precision).convert_input is not \
+            Precision.convert_input
+        self.unscales_gradients = type(self).unscale_gradients is not Strategy.unscale_gradients or precision.unscales()
 
     def _to_device(self, module: nn.Module) -> nn.Module:
         """Move the module to this rank's device before wrapping. A module already there is left alone: `to()`
@@ -171,7 +152,7 @@ class Strategy(ABC):
             return module
         return module.to(device)
 
-    def _wrap(self, router: _StepRouter) -> nn.Module:
+    def _wrap(self, router: StepRouter) -> nn.Module:
         """Wrap the router (DDP, DP, FSDP2). Identity by default."""
         return router
 
@@ -377,9 +358,14 @@ class Strategy(ABC):
         Called after the except block, never inside it: no collective runs in an exception handler.
         """
         errors = self.all_gather_object(error) if self.world_size > 1 else [error]
-        failed = [f"rank {rank}: {err}" for rank, err in enumerate(errors) if err]
-        if failed:
-            raise CheckpointSaveError("; ".join(failed))
+        by_message: dict[str, list[int]] = {}
+        for rank, err in enumerate(errors):
+            if err:
+                by_message.setdefault(err, []).append(rank)
+        if by_message:  # the same error on several ranks (DCP reports each rank's failure to all) is said once
+            raise CheckpointSaveError("; ".join(
+                f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {err}"
+                for err, ranks in by_message.items()))
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Read a checkpoint with `torch.load(weights_only=True)`; damage becomes a `CheckpointLoadError`."""
@@ -413,4 +399,4 @@ class Strategy(ABC):
         """What `Trainer.model` shows: the wrapper (DDP, DataParallel) whose `forward` runs the steps, or the user's
         module itself when nothing wraps it (one device; ZeRO-2/3, which shard the module in place)."""
         model = self.model
-        return self.module if isinstance(model, _StepRouter) else model
+        return self.module if isinstance(model, StepRouter) else model

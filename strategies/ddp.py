@@ -16,7 +16,8 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.nn.parallel.distributed import _find_tensors
 
-from strategies.base import NULL_CONTEXT, _StepRouter
+from strategies.base import NULL_CONTEXT
+from strategies.model.step_router import StepRouter
 from strategies.parallel import ParallelStrategy, default_backend
 from strategies.precision import Precision
 
@@ -87,7 +88,7 @@ class DDPStrategy(ParallelStrategy):
         registry.register("ddp_spawn", cls, description="DDP, ranks started by torch.multiprocessing",
                           start_method="spawn")
 
-    def _wrap(self, router: _StepRouter) -> torch.nn.Module:
+    def _wrap(self, router: StepRouter) -> torch.nn.Module:
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         self._ddp = DistributedDataParallel(router, device_ids=device_ids, **self._ddp_kwargs)
         self._trainable_when_wrapped = _trainable(router)

@@ -11,8 +11,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from strategies.base import Strategy, _StepRouter
+from strategies.base import Strategy
 from strategies.exceptions import ConfigError
+from strategies.model.step_router import StepRouter
 from strategies.precision import Precision
 
 
@@ -66,7 +67,7 @@ class DataParallelStrategy(Strategy):
     def root_device(self) -> torch.device:
         return self.parallel_devices[0]
 
-    def _wrap(self, router: _StepRouter) -> nn.Module:
+    def _wrap(self, router: StepRouter) -> nn.Module:
         return nn.DataParallel(router, device_ids=[d.index for d in self.parallel_devices])
 
     def compile_module(self, compiler: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:

@@ -11,11 +11,16 @@ class TrainerError(Exception):
     """Base class of every error this project raises on purpose."""
 
 
-class ConfigError(TrainerError, ValueError):
+class MisconfigurationException(TrainerError):
+    """Lightning's name for a refused configuration: the base of ConfigError and MisconfigurationError, so that a
+    ported `except MisconfigurationException` catches what this project raises for the same refusals."""
+
+
+class ConfigError(MisconfigurationException, ValueError):
     """A Trainer flag or config value is invalid. The message names the flag and the accepted values."""
 
 
-class MisconfigurationError(TrainerError, ValueError):
+class MisconfigurationError(MisconfigurationException, ValueError):
     """The user's TrainModule, DataModule or callbacks break the contract (a missing or malformed hook)."""
 
 
@@ -33,3 +38,12 @@ class CheckpointSaveError(CheckpointError):
 
 class DistributedDesyncError(TrainerError, RuntimeError):
     """Ranks disagreed about what to do next (a dead rank, uneven data, mismatched collectives)."""
+
+
+class PossibleUserWarning(UserWarning):
+    """A warning about something that is often a mistake but may be meant (Lightning's category, so that
+    `disable_possible_user_warnings()` or a `filterwarnings` entry silences exactly these)."""
+
+
+class LightningDeprecationWarning(DeprecationWarning):
+    """The category of `rank_zero_deprecation` (Lightning's name)."""

@@ -52,11 +52,12 @@ class StrategyRegistry:
 def _build_default_registry() -> StrategyRegistry:
     from strategies.ddp import DDPStrategy
     from strategies.dp import DataParallelStrategy
+    from strategies.model_parallel import ModelParallelStrategy
     from strategies.single_device import SingleDeviceStrategy
     from strategies.zero import ZeroStrategy
 
     registry = StrategyRegistry()
-    for cls in (SingleDeviceStrategy, DDPStrategy, DataParallelStrategy, ZeroStrategy):
+    for cls in (SingleDeviceStrategy, DDPStrategy, DataParallelStrategy, ZeroStrategy, ModelParallelStrategy):
         cls.register(registry)
     return registry
 

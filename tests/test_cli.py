@@ -202,7 +202,7 @@ ERRORS = {
                                 ["run.yaml: trainer.accelerator:", "accelerator='tpu' is not supported"]),
     "missing model": (QUIET_YAML, [], ["run.yaml: model: missing section"]),
     "model not a TrainModule": (QUIET_YAML + "model: {_target_: torch.nn.Identity}\n", [],
-                                ["run.yaml: model:", "Identity is not a trainer.TrainModule"]),
+                                ["run.yaml: model._target_:", "'torch.nn.Identity' is not a subclass of TrainModule"]),
     "unresolved interpolation": (BORING + QUIET_YAML + "  max_epochs: ${trainer.epochs}\n", [],
                                  ["run.yaml: trainer.max_epochs:", "Interpolation key 'trainer.epochs' not found"]),
     "unset environment variable": (BORING + QUIET_YAML + "  default_root_dir: ${oc.env:CLI_TEST_UNSET}\n", [],

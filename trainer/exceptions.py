@@ -7,6 +7,7 @@ from strategies.exceptions import (
     ConfigError,
     DistributedDesyncError,
     MisconfigurationError,
+    MisconfigurationException,
     TrainerError,
 )
 
@@ -17,5 +18,6 @@ __all__ = [
     "ConfigError",
     "DistributedDesyncError",
     "MisconfigurationError",
+    "MisconfigurationException",
     "TrainerError",
 ]

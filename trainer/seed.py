@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import os
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -148,6 +150,19 @@ def restore_rng_state(state: dict[str, Any]) -> None:
             pass
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextmanager
+def isolate_rng(include_cuda: bool = True) -> Iterator[None]:
+    """Run a block without moving the global random generators: python's, numpy's and torch's (and CUDA's unless
+    `include_cuda=False`, e.g. in a forked process that must not touch CUDA) are put back as they were on exit."""
+    state = capture_rng_state()
+    if not include_cuda:
+        state.pop("cuda", None)
+    try:
+        yield
+    finally:
+        restore_rng_state(state)
 
 
 def _python_state() -> list[Any]:

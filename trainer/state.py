@@ -7,26 +7,73 @@ from enum import Enum
 from typing import Any
 
 
-class TrainerFn(str, Enum):
+class LightningEnum(str, Enum):
+    """A string enum whose members equal their value in any letter case (`TrainerFn.FITTING == "FIT"`), as
+    Lightning's enums do; `from_str` finds a member by its name or its value."""
+
+    @classmethod
+    def from_str(cls, value: str, source: str = "key") -> Any:
+        """The member whose name (`source="key"`), value (`"value"`) or either (`"any"`, names first) is `value`,
+        ignoring case; a ValueError lists the accepted ones."""
+        if source not in ("key", "value", "any"):
+            raise ValueError(f"source={source!r} is not valid: use 'key', 'value' or 'any'.")
+        names = {name.lower(): member for name, member in cls.__members__.items()}
+        values = {member.value.lower(): member for member in cls}
+        for table in ([names] if source == "key" else [values] if source == "value" else [names, values]):
+            if value.lower() in table:
+                return table[value.lower()]
+        accepted = [*(names if source != "value" else []), *(values if source != "key" else [])]
+        raise ValueError(f"{value!r} is not a {cls.__name__}: expected one of {accepted}.")
+
+    def __eq__(self, other: object) -> bool:
+        other_value = other.value if isinstance(other, Enum) else other
+        return isinstance(other_value, str) and self.value.lower() == other_value.lower()
+
+    def __hash__(self) -> int:  # equal members and strings hash alike (a dict keyed by members takes the values)
+        return hash(self.value.lower())
+
+
+class TrainerFn(LightningEnum):
+    """The entry point that is running: fit, validate, test or predict."""
+
     FITTING = "fit"
     VALIDATING = "validate"
     TESTING = "test"
     PREDICTING = "predict"
 
 
-class RunningStage(str, Enum):
+class RunningStage(LightningEnum):
+    """The loop that is running: fit runs training, sanity checking and validation; the others their own."""
+
     TRAINING = "train"
     SANITY_CHECKING = "sanity_check"
     VALIDATING = "validate"
     TESTING = "test"
     PREDICTING = "predict"
 
+    @property
+    def evaluating(self) -> bool:
+        """Whether this stage runs an evaluation loop (validation, sanity check or test)."""
+        return self in (RunningStage.VALIDATING, RunningStage.TESTING, RunningStage.SANITY_CHECKING)
 
-class TrainerStatus(str, Enum):
+    @property
+    def dataloader_prefix(self) -> str:
+        """The stage's `*_dataloader` hook prefix: `val` for validation and sanity checking."""
+        return "val" if self in (RunningStage.VALIDATING, RunningStage.SANITY_CHECKING) else self.value
+
+
+class TrainerStatus(LightningEnum):
+    """Whether the Trainer is being built, running, or has finished or been interrupted."""
+
     INITIALIZING = "initializing"
     RUNNING = "running"
     FINISHED = "finished"
     INTERRUPTED = "interrupted"
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the last run ended, finished or interrupted."""
+        return self in (TrainerStatus.FINISHED, TrainerStatus.INTERRUPTED)
 
 
 @dataclass
@@ -40,6 +87,11 @@ class TrainerState:
     @property
     def finished(self) -> bool:
         return self.status == TrainerStatus.FINISHED
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the last run ended (finished or interrupted)."""
+        return self.status.stopped
 
 
 @dataclass

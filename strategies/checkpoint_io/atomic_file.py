@@ -21,7 +21,7 @@ from strategies.checkpoint_io.filesystem import AnyPath, is_remote, to_path
 from strategies.checkpoint_io.temp_owner import TMP_MARKER, owner_is_gone, temp_name, writer_is_gone
 from strategies.exceptions import CheckpointSaveError
 
-__all__ = ["TMP_MARKER", "atomic_save", "remove_stale_temp_files", "save_advice"]
+__all__ = ["TMP_MARKER", "atomic_save", "checked_target", "remove_stale_temp_files", "save_advice"]
 
 _ADVICE = {
     errno.ENOSPC: "the disk is full: free some space or save to another folder",
@@ -89,7 +89,7 @@ def atomic_save(
     Raises:
         CheckpointSaveError: the write failed; the message names the path, the errno and what to do about it.
     """
-    path = to_path(path)  # a Path stays as it is; "file://x" becomes Path("x"); a URL stays a string
+    path = checked_target(path)
     if isinstance(path, str):
         object_store.save(obj, path, write)
         return
@@ -120,6 +120,18 @@ def atomic_save(
         _discard(tmp)
         raise
     _fsync_dir(path.parent)
+
+
+def checked_target(path: Any) -> AnyPath:
+    """`path` as a Path or URL (a "file://x" becomes Path("x")); CheckpointSaveError when it names no file."""
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path).strip():
+        raise CheckpointSaveError(f"cannot save a checkpoint to {path!r}: give a file path, e.g. 'model.ckpt' "
+                                  "(or a folder path for a sharded checkpoint)")
+    target = to_path(path)
+    if isinstance(target, Path) and (not target.name or target.name in (".", "..")):
+        raise CheckpointSaveError(f"cannot save a checkpoint to {os.fspath(path)!r}: it names a folder, not a file; "
+                                  "give a file path, e.g. 'model.ckpt'")
+    return target
 
 
 def _save_error(path: Path, err: OSError) -> CheckpointSaveError:

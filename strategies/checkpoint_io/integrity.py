@@ -4,8 +4,9 @@ itself records, before anything is unpickled.
 Why: `torch.load` does not check those CRCs, so flipped bytes inside a tensor load silently (weights of 8e37 were
 trained on). The check runs over a read-only memory map of the file (or the bytes read from a store), so it costs
 one pass of `zlib.crc32` and no copy; files written before this check existed carry the same CRCs and are checked
-the same way. Sharded (ZeRO) folders carry a sha256 per shard file in their manifest instead
-(strategies/checkpoint_io/sharded/folder.py).
+the same way. The same pass then checks every tensor storage's declared size against its record
+(strategies/checkpoint_io/record_sizes.py), reading only the archive's pickle again. Sharded (ZeRO) folders carry
+a sha256 per file in their manifest instead (strategies/checkpoint_io/sharded/manifest.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from strategies.checkpoint_io.record_sizes import check_record_sizes
 from strategies.exceptions import CheckpointLoadError
 
 _LOCAL_HEADER = 30  # bytes of a zip local file header before the name and the extra field
@@ -79,15 +81,17 @@ def check_torchscript(view: memoryview | bytes, path: str | Path) -> None:
 
 
 def verify_crcs(view: memoryview | bytes) -> None:
-    """Raise DamagedEntry for the first entry whose stored bytes do not match the archive's CRC-32."""
-    for info in _entries(view):
-        start = info.header_offset
-        header = bytes(view[start:start + _LOCAL_HEADER])
-        if len(header) < _LOCAL_HEADER or header[:4] != b"PK\x03\x04":
-            raise DamagedEntry(f"entry '{info.filename}' has a damaged header", info.filename, 0)
-        name_len = int.from_bytes(header[26:28], "little")
-        extra_len = int.from_bytes(header[28:30], "little")
-        begin = start + _LOCAL_HEADER + name_len + extra_len
+    """Raise DamagedEntry for the first entry whose stored bytes do not match the archive's CRC-32, and
+    CheckpointLoadError for a tensor storage whose record is not exactly the size its pickle declares
+    (strategies/checkpoint_io/record_sizes.py: a memory-mapped load would read past it or stop short)."""
+    entries = _entries(view)
+    begins: dict[str, int] = {}
+    for info in entries:
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise CheckpointLoadError(
+                f"entry '{info.filename}' is compressed; torch stores every entry as it is, so this archive was "
+                "rebuilt by another tool. Load it with torch and save it again with torch.save")
+        begin = _data_start(view, info)
         data = view[begin:begin + info.compress_size]
         if len(data) != info.compress_size:
             raise DamagedEntry(f"entry '{info.filename}' is cut short (the file is truncated)", info.filename, 0)
@@ -98,6 +102,20 @@ def verify_crcs(view: memoryview | bytes) -> None:
             raise DamagedEntry(
                 f"entry '{info.filename}' fails its CRC-32 check (recorded {info.CRC:#010x}, found {found:#010x})",
                 info.filename, found)
+        begins[info.filename] = begin
+    check_record_sizes(entries, lambda info: bytes(view[begins[info.filename]:begins[info.filename] +
+                                                        info.compress_size]))
+
+
+def _data_start(view: memoryview | bytes, info: zipfile.ZipInfo) -> int:
+    """Where `info`'s stored bytes begin: after its local header, whose name and extra field lengths are its own."""
+    start = info.header_offset
+    header = bytes(view[start:start + _LOCAL_HEADER])
+    if len(header) < _LOCAL_HEADER or header[:4] != b"PK\x03\x04":
+        raise DamagedEntry(f"entry '{info.filename}' has a damaged header", info.filename, 0)
+    name_len = int.from_bytes(header[26:28], "little")
+    extra_len = int.from_bytes(header[28:30], "little")
+    return start + _LOCAL_HEADER + name_len + extra_len
 
 
 def verify_file(path: Path) -> None:

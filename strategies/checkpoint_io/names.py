@@ -14,8 +14,10 @@ import os
 from collections.abc import Collection
 from pathlib import Path
 
+from strategies.checkpoint_io.atomic_file import save_advice
 from strategies.checkpoint_io.filesystem import AnyPath, exists, join, name, parent
 from strategies.checkpoint_io.temp_owner import owner_is_gone, owner_tag
+from strategies.exceptions import CheckpointSaveError
 
 CLAIM_SUFFIX = ".claim"
 
@@ -41,6 +43,15 @@ def claim_name(path: AnyPath, own: Collection[str] = ()) -> AnyPath:
 def _try_claim(candidate: AnyPath) -> bool:
     if not isinstance(candidate, Path):
         return not exists(candidate)
+    try:
+        return _claim_local(candidate)
+    except OSError as err:  # a read-only folder, a file where the folder should be, ...: before any save starts
+        raise CheckpointSaveError(
+            f"cannot save checkpoints in {candidate.parent} ({err.strerror or err}): {save_advice(err)}."
+        ) from err
+
+
+def _claim_local(candidate: Path) -> bool:
     claim = candidate.with_name(candidate.name + CLAIM_SUFFIX)
     candidate.parent.mkdir(parents=True, exist_ok=True)
     while True:
@@ -77,5 +88,5 @@ def release_claim(path: AnyPath) -> None:
     if isinstance(path, Path):
         try:
             path.with_name(path.name + CLAIM_SUFFIX).unlink()
-        except FileNotFoundError:
+        except OSError:  # none there (or the folder is unusable: the save's own error says why)
             pass

@@ -12,6 +12,11 @@ next fit start). Until the new record lands, the old record still names the old 
 moment leaves the previous checkpoint loadable; the old data is deleted only after the new record is written.
 A plain object at a checkpoint path (a file uploaded by hand) still loads when named explicitly, but the
 `ckpt_path="last"` search considers committed checkpoints only.
+
+A record is data anyone with write access to the prefix can plant, and the data it names is deleted when the
+record is replaced. So a record may name one thing only: `<its own name>.data-<token>` beside it (no folder part,
+no `..`, no absolute or other-bucket path, not another checkpoint's data), with a known kind and a size. Any other
+record is refused, on save, load and removal alike, before anything is read or deleted (`checked_record`).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import json
 import posixpath
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +53,30 @@ def parse_record(raw: bytes) -> dict[str, Any] | None:
     return record if isinstance(record, dict) and record.get(RECORD_KEY) == 1 else None
 
 
+def record_problem(record: dict[str, Any], path: str) -> str | None:
+    """Why the commit record at `path` (a path inside its filesystem) must not be followed, or None."""
+    data, kind, size = record.get("data"), record.get("kind"), record.get("size")
+    own = f"{posixpath.basename(path)}{DATA_MARKER}"
+    if not isinstance(data, str) or not data.startswith(own) or "/" in data or "\\" in data or ".." in data:
+        return (f"it names the data {data!r:.200}, but a commit record may name only '{own}<token>' beside itself "
+                "(no folder, no '..', no absolute or other-bucket path)")
+    if kind not in ("file", "folder"):
+        return f"its kind is {kind!r:.60}, not 'file' or 'folder'"
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        return f"its size is {size!r:.60}, not a byte or file count"
+    return None
+
+
+def checked_record(record: dict[str, Any] | None, fs: Any, path: str, error: type[Exception]) -> dict[str, Any] | None:
+    """`record` when it may be followed; else `error` naming the record's URL and why (nothing read or deleted)."""
+    problem = None if record is None else record_problem(record, path)
+    if problem is not None:
+        raise error(f"the commit record {fs.unstrip_protocol(path)} was refused: {problem}. It was not written by "
+                    "this trainer (planted or edited by hand); nothing was read or deleted. Remove that object "
+                    "yourself once you know where it came from.")
+    return record
+
+
 def _head(fs: Any, path: str) -> bytes:
     """The first bytes of the object at `path`: enough to hold a record, one ranged GET (FileNotFoundError if none)."""
     try:
@@ -59,23 +89,27 @@ def _head(fs: Any, path: str) -> bytes:
         raise
 
 
-def read_record(fs: Any, path: str) -> dict[str, Any] | None:
-    """The commit record at `path` (a path inside `fs`), or None when there is none."""
+def read_record(fs: Any, path: str, error: type[Exception] = CheckpointLoadError) -> dict[str, Any] | None:
+    """The commit record at `path` (a path inside `fs`), or None when there is none; `error` for a record that
+    must not be followed (`record_problem`)."""
     try:
-        return parse_record(_head(fs, path))
+        record = parse_record(_head(fs, path))
     except (FileNotFoundError, IsADirectoryError):
         return None
+    return checked_record(record, fs, path, error)
 
 
 def commit(fs: Any, path: str, data_name: str, kind: str, size: int) -> dict[str, Any] | None:
-    """Write the record naming `data_name` (the commit); return the record it replaced, if any."""
-    previous = read_record(fs, path)
+    """Write the record naming `data_name` (the commit); return the record it replaced, if any. A record there that
+    must not be followed is a CheckpointSaveError, and nothing is written over it."""
+    previous = read_record(fs, path, CheckpointSaveError)
     fs.pipe_file(path, _record(data_name, kind, size))
     return previous
 
 
 def remove_data(fs: Any, folder: str, record: dict[str, Any] | None) -> None:
-    """Delete the data a replaced (or removed) record named; a failure leaves an orphan for the next cleanup."""
+    """Delete the data a replaced (or removed) record named (a record checked by `read_record`); a failure leaves
+    an orphan for the next cleanup."""
     if record is None:
         return
     try:
@@ -101,6 +135,8 @@ def save(obj: Any, url: str, write: Callable[[Any, Any], None]) -> None:
             fs.rm(data_path)
         except Exception:  # noqa: BLE001 - the object may not exist; an orphan is cleaned at the next start
             pass
+        if isinstance(err, CheckpointSaveError):
+            raise
         raise CheckpointSaveError(
             f"could not save checkpoint to {url} ({type(err).__name__}: {err}); the previous checkpoint, if any, "
             "is untouched. Check the URL, the credentials and write permission."
@@ -123,6 +159,7 @@ def resolve(url: str) -> tuple[Any, str, dict[str, Any] | None]:
             return fs, path, None
         raise CheckpointLoadError(f"checkpoint {url} does not exist. Check the path (or use ckpt_path='last').") \
             from None
+    record = checked_record(record, fs, path, CheckpointLoadError)
     if record is None:
         return fs, path, None
     return fs, posixpath.join(posixpath.dirname(path), record["data"]), record
@@ -168,8 +205,14 @@ def _committed(fs: Any, paths: list[str]) -> list[tuple[int, str]]:
     found = []
     for path, raw in contents.items():
         record = parse_record(raw)
-        if record is not None:
-            found.append((int(record.get("written_ns", 0)), fs.unstrip_protocol(path)))
+        if record is None:
+            continue
+        problem = record_problem(record, path)
+        if problem is not None:
+            warnings.warn(f"skipping the commit record {fs.unstrip_protocol(path)}: {problem}", stacklevel=3)
+            continue
+        written = record.get("written_ns", 0)
+        found.append((written if isinstance(written, int) else 0, fs.unstrip_protocol(path)))
     return found
 
 
@@ -187,9 +230,10 @@ def find_checkpoints(pattern: str) -> list[tuple[int, str]]:
 
 
 def remove(url: str) -> None:
-    """Delete a checkpoint: the record first (it is then uncommitted), then its data."""
+    """Delete a checkpoint: the record first (it is then uncommitted), then its data. A record that must not be
+    followed is a CheckpointSaveError, and nothing is deleted."""
     fs, path = get_fs(url)
-    record = read_record(fs, path)
+    record = read_record(fs, path, CheckpointSaveError)
     try:
         fs.rm(path, recursive=record is None and fs.isdir(path))
     except FileNotFoundError:

@@ -33,7 +33,7 @@ from strategies.checkpoint_io.weights_only import (
 from strategies.exceptions import CheckpointLoadError
 
 
-def _cause(err: BaseException) -> str:
+def load_cause(err: BaseException) -> str:
     """A short cause, without torch's advice to retry with weights_only=False (we never do)."""
     text = str(err)
     found = re.search(r"WeightsUnpickler error: (.*)", text, re.S)  # torch's verdict, after its advice
@@ -51,7 +51,7 @@ _ADVICE_WORDS = ("weights_only", "documentation", "trust the source", "two optio
 def _clean_cause(err: BaseException) -> BaseException:
     """The same error without torch's advice to retry with weights_only=False (our docs forbid it), its traceback
     kept: chained under our CheckpointLoadError, it shows the real cause and nothing that advises an unsafe load."""
-    text = _cause(err).split(": ", 1)[-1]
+    text = load_cause(err).split(": ", 1)[-1]
     try:
         clean = type(err)(text)
     except Exception:  # noqa: BLE001 - an error type with another constructor
@@ -145,11 +145,11 @@ def _checked_load(source: Path | bytes, path: str | Path, map_location: str | to
                 "never loaded unsafely."
             ) from _clean_cause(err)
         raise CheckpointLoadError(
-            f"checkpoint {path} is not a valid checkpoint (truncated or corrupted): {_cause(err)}"
+            f"checkpoint {path} is not a valid checkpoint (truncated or corrupted): {load_cause(err)}"
         ) from _clean_cause(err)
     except (RuntimeError, EOFError, IndexError, ValueError, OSError, zipfile.BadZipFile, KeyError) as err:
         raise CheckpointLoadError(
-            f"checkpoint {path} is not a valid checkpoint (truncated or corrupted): {_cause(err)}"
+            f"checkpoint {path} is not a valid checkpoint (truncated or corrupted): {load_cause(err)}"
         ) from _clean_cause(err)
     if not isinstance(data, dict):
         raise CheckpointLoadError(f"checkpoint {path} holds a {type(data).__name__}, not a checkpoint dict.")
@@ -166,7 +166,7 @@ def _load_lightning_file(source: Path | bytes, path: str | Path, map_location: s
     except (pickle.UnpicklingError, RuntimeError, ValueError, TypeError) as again:
         raise CheckpointLoadError(
             f"checkpoint {path} (written by PyTorch Lightning) was refused by the safe (weights-only) loader even "
-            f"with its unknown classes stood in for: {_cause(again)}. It is never loaded unsafely."
+            f"with its unknown classes stood in for: {load_cause(again)}. It is never loaded unsafely."
         ) from _clean_cause(err)
     if not isinstance(data, dict) or "format_version" in data or LIGHTNING_MARKER.decode() not in data:
         return None  # not a Lightning checkpoint after all: refused as any other file

@@ -81,6 +81,11 @@ class CollectiveTimeout:
         self._groups = groups
         self.applied_s = None
 
+    def attach_more(self, groups: list[tuple[Any, timedelta]]) -> None:
+        """More process groups to bound from now on (a device mesh's groups, made after the world's)."""
+        self._groups = self._groups + groups
+        self.applied_s = None
+
     def bound_for(self, step_s: float) -> float:
         return max(self.min_s, self.steps * step_s)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import random
 import socket
 import warnings
 from collections.abc import Callable
@@ -16,6 +17,8 @@ from typing import Any, Protocol, TypeVar, cast
 
 import torch
 import torch.distributed as dist
+
+from strategies.exceptions import LightningDeprecationWarning, PossibleUserWarning
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -64,6 +67,40 @@ def rank_zero_debug(message: str) -> None:
     logging.getLogger("trainer").debug(message)
 
 
+def rank_zero_deprecation(message: str, stacklevel: int = 4) -> None:
+    """Emit a `LightningDeprecationWarning` from rank 0 (Lightning's helper for a library's own deprecations)."""
+    rank_zero_warn(message, category=LightningDeprecationWarning, stacklevel=stacklevel)
+
+
+def rank_prefixed_message(message: str, rank: int | None) -> str:
+    """`message` prefixed with `[rank: N]` when a rank is given, so that lines of several ranks can be told apart."""
+    return message if rank is None else f"[rank: {rank}] {message}"
+
+
+class WarningCache(set):
+    """Messages already shown: `warn`, `deprecation` and `info` show each distinct message once, from rank 0."""
+
+    def warn(self, message: str, category: type[Warning] = UserWarning, stacklevel: int = 4) -> None:
+        if message not in self:
+            self.add(message)
+            rank_zero_warn(message, category=category, stacklevel=stacklevel)
+
+    def deprecation(self, message: str, stacklevel: int = 5) -> None:
+        if message not in self:
+            self.add(message)
+            rank_zero_deprecation(message, stacklevel=stacklevel)
+
+    def info(self, message: str) -> None:
+        if message not in self:
+            self.add(message)
+            rank_zero_info(message)
+
+
+def disable_possible_user_warnings(module: str = "") -> None:
+    """Silence the `PossibleUserWarning`s (those raised from modules whose name starts with `module`, if given)."""
+    warnings.filterwarnings("ignore", category=PossibleUserWarning, module=module)
+
+
 def is_distributed() -> bool:
     """True when a default process group is running with more than one rank."""
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
@@ -72,16 +109,17 @@ def is_distributed() -> bool:
 _REDUCE_OPS = {"sum": "SUM", "max": "MAX", "min": "MIN", "mean": "SUM"}
 
 
-def all_reduce(tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
-    """Reduce `tensor` over all ranks (a copy; the input is untouched). Identity without a process group."""
+def all_reduce(tensor: torch.Tensor, op: str = "mean", group: Any = None) -> torch.Tensor:
+    """Reduce `tensor` over all ranks, or over the ranks of `group` (a copy; the input is untouched). Identity
+    without a process group."""
     if op not in _REDUCE_OPS:
         raise ValueError(f"all_reduce op must be one of {sorted(_REDUCE_OPS)}, got {op!r}")
     if not is_distributed():
         return tensor
     out = tensor.detach().clone()
-    dist.all_reduce(out, op=getattr(dist.ReduceOp, _REDUCE_OPS[op]))
+    dist.all_reduce(out, op=getattr(dist.ReduceOp, _REDUCE_OPS[op]), group=group)
     if op == "mean":
-        out = out / dist.get_world_size()
+        out = out / dist.get_world_size(group)
     return out
 
 
@@ -164,8 +202,36 @@ def barrier() -> None:
         dist.barrier()
 
 
-def find_free_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now (never a fixed 29500: parallel jobs collide)."""
+def _ephemeral_ports() -> range:
+    """The ports the kernel hands to outgoing connections (Linux's default where the setting cannot be read)."""
+    try:
+        low, high = (int(v) for v in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("", port))  # every address, as the rendezvous store binds it
+        except OSError:
+            return False
+    return True
+
+
+def find_free_port() -> int:
+    """A TCP port that is free right now (never a fixed 29500: parallel jobs collide), for a rank to bind later.
+
+    Chosen at random below the kernel's ephemeral range: a port from that range (what binding port 0 returns) can be
+    handed to any outgoing connection between this check and the bind, which failed a ddp_spawn launch with
+    EADDRINUSE on a busy machine; ports outside it are taken only by explicit binds."""
+    ephemeral = _ephemeral_ports()
+    candidates = range(max(1024, ephemeral.start - 12000), ephemeral.start)
+    for _ in range(64):
+        port = random.SystemRandom().choice(candidates)
+        if port not in ephemeral and _bindable(port):
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # a crowded machine: any free port
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])

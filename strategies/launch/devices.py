@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -9,6 +10,8 @@ import torch
 from strategies.exceptions import ConfigError
 
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
+CPU_RANKS_PER_CORE = 4  # more CPU ranks than this per usable core need ALLOW_MANY_CPU_RANKS=1 (a few are fine)
+ALLOW_MANY_CPU_RANKS = "TRAINER_ALLOW_MANY_CPU_RANKS"
 
 
 @dataclass(frozen=True)
@@ -17,6 +20,7 @@ class Hardware:
 
     cuda_device_count: int
     mps_available: bool
+    cpu_count: int | None = None  # usable CPU cores; None: this process's affinity, read when needed
 
     @classmethod
     def detect(cls) -> Hardware:
@@ -69,10 +73,13 @@ def resolve_devices(
     if isinstance(devices, bool):
         raise ConfigError(f"devices={devices!r} is not valid; use an int >= 1, a list of indices or 'auto'.")
     if isinstance(devices, int):
-        return _indices_to_devices(device_type, list(range(_device_count(devices, device_type, cuda_count))))
+        count = _device_count(devices, device_type, cuda_count)
+        _check_cpu_ranks(count, device_type, hw)
+        return _indices_to_devices(device_type, list(range(count)))
     if isinstance(devices, (list, tuple)) and devices and all(isinstance(i, int) and i >= 0 for i in devices):
         if device_type == "cuda" and max(devices) >= cuda_count:
-            raise ConfigError(f"devices={list(devices)} names a CUDA index that does not exist.")
+            raise ConfigError(f"devices={list(devices)[:8]} names a CUDA index that does not exist.")
+        _check_cpu_ranks(len(devices), device_type, hw)
         return _indices_to_devices(device_type, list(devices))
     raise ConfigError(f"devices={devices!r} is not valid. Use an int >= 1, a list of indices, '0,1' or 'auto'.")
 
@@ -101,6 +108,29 @@ def _device_count(count: int, device_type: str, cuda_count: int) -> int:
     if device_type == "mps" and count > 1:
         raise ConfigError("devices > 1 is not supported on MPS (there is one Apple GPU).")
     return count
+
+
+def usable_cpus() -> int:
+    """The CPU cores this process may run on (its affinity mask), else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def _check_cpu_ranks(count: int, device_type: str, hw: Hardware) -> None:
+    """Each CPU device is one rank process (about 400 MB each, with torch): far more of them than cores is a typo
+    that takes the machine's memory, unless asked for explicitly."""
+    if device_type != "cpu":
+        return
+    cores = hw.cpu_count or usable_cpus()
+    limit = CPU_RANKS_PER_CORE * cores
+    if count > limit and os.environ.get(ALLOW_MANY_CPU_RANKS) != "1":
+        raise ConfigError(
+            f"devices={count} on CPU would start {count} rank processes on {cores} usable CPU core(s), more than "
+            f"{CPU_RANKS_PER_CORE} per core ({limit}); each takes a few hundred MB. Pass a smaller devices=, or set "
+            f"{ALLOW_MANY_CPU_RANKS}=1 to start them anyway."
+        )
 
 
 def _indices_to_devices(device_type: str, indices: list[int]) -> list[torch.device]:

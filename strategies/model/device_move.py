@@ -4,6 +4,7 @@ device, so that set-up can skip moving it."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -52,6 +53,33 @@ def _move_sequence(batch: list[Any] | tuple[Any, ...], device: torch.device) -> 
     if hasattr(batch, "_fields"):  # namedtuple
         return type(batch)(*moved)
     return type(batch)(moved) if isinstance(batch, list) else tuple(moved)
+
+
+def move_data_to_device(batch: Any, device: torch.device | str | int) -> Any:
+    """`move_to_device` under Lightning's name, taking the device as Lightning does: a `torch.device`, a string
+    ("cuda:1") or a CUDA index."""
+    return move_to_device(batch, device if isinstance(device, torch.device) else torch.device(device))
+
+
+def recursive_detach(data: Any, to_cpu: bool = False) -> Any:
+    """`data` with every tensor in its dicts, lists and tuples detached from the graph (and copied to the CPU with
+    `to_cpu`), for keeping step outputs without keeping their graphs alive."""
+    if isinstance(data, Tensor):
+        data = data.detach()
+        return data.cpu() if to_cpu else data
+    if isinstance(data, dict):  # a copy keeps the dict's own type (OrderedDict, defaultdict's factory)
+        out = copy.copy(data)
+        for key, value in data.items():
+            out[key] = recursive_detach(value, to_cpu)
+        return out
+    if isinstance(data, Mapping):
+        return {k: recursive_detach(v, to_cpu) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        items = [recursive_detach(v, to_cpu) for v in data]
+        if hasattr(data, "_fields"):  # namedtuple
+            return type(data)(*items)
+        return type(data)(items) if isinstance(data, list) else tuple(items)
+    return data
 
 
 def module_on(module: nn.Module, device: torch.device) -> bool:

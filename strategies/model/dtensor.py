@@ -12,6 +12,7 @@ import functools
 from types import SimpleNamespace
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
@@ -110,3 +111,54 @@ def local_slice(tensor: Tensor, full: Tensor | None = None) -> Tensor:
     if full is None:
         return tensor.to_local()
     return t.distribute_tensor(full, tensor.device_mesh, tensor.placements, src_data_rank=None).to_local()
+
+
+def has_dtensor_parameters(module: nn.Module) -> bool:
+    """Whether any parameter of `module` is a DTensor (it was sharded or parallelized)."""
+    dtensor_type = torch_sharding().DTensor
+    return any(isinstance(p, dtensor_type) for p in module.parameters())
+
+
+def outside_fsdp_units(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """(name, parameter) for the parameters of `module` that no FSDP2 unit inside it manages."""
+    unit_type = torch_sharding().FSDPModule
+    found: list[tuple[str, nn.Parameter]] = []
+
+    def walk(prefix: str, sub: nn.Module) -> None:
+        if isinstance(sub, unit_type):
+            return
+        found.extend((prefix + name, param) for name, param in sub.named_parameters(recurse=False))
+        for name, child in sub.named_children():
+            walk(f"{prefix}{name}.", child)
+
+    walk("", module)
+    return found
+
+
+def _by_mesh(grads: list[Tensor]) -> list[list[Tensor]]:
+    """Gradients grouped so that each group is plain tensors or DTensors on one mesh (one reduction each)."""
+    dtensor_type = torch_sharding().DTensor
+    groups: dict[Any, list[Tensor]] = {}
+    for grad in grads:
+        key = grad.device_mesh if isinstance(grad, dtensor_type) else None
+        groups.setdefault(key, []).append(grad)
+    return list(groups.values())
+
+
+def clip_grad_norm(grads: list[Tensor], max_norm: float, norm_type: float = 2.0) -> Tensor:
+    """Collective. Scale `grads` in place so that their joint `norm_type` norm is at most `max_norm`, as
+    `torch.nn.utils.clip_grad_norm_` does, for gradients that are plain tensors and DTensors on different meshes (a
+    tensor-parallel layer, an FSDP2 unit over the data-parallel ranks only, a replicated one), which one torch call
+    cannot take. Returns the total norm before clipping, a plain tensor on every rank."""
+    norms = []
+    for group in _by_mesh(grads):
+        norms.append(full_tensor(torch.nn.utils.get_total_norm(group, norm_type)))
+    if not norms:
+        return torch.tensor(0.0)
+    device = norms[0].device
+    total = torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]), norm_type)
+    coefficient = min(max_norm / (float(total) + 1e-6), 1.0)  # torch's own rule (clip_grads_with_norm_)
+    if coefficient < 1.0:
+        for group in _by_mesh(grads):
+            torch._foreach_mul_(group, coefficient)
+    return total

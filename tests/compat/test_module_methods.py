@@ -170,10 +170,34 @@ def test_refused_exports_say_what_to_use(method: str, match: str):
         getattr(BoringModel(), method)()
 
 
-@pytest.mark.parametrize("name", ["fabric", "device_mesh"])
+@pytest.mark.parametrize("name", ["fabric"])
 def test_refused_properties_are_not_there(name: str):
     with pytest.raises(AttributeError, match=name):
         getattr(BoringModel(), name)
+
+
+class MeshSeen(BoringModel):
+    def configure_model(self) -> None:
+        mesh = self.device_mesh
+        self.mesh_seen = None if mesh is None else (mesh.mesh_dim_names, tuple(mesh.shape))
+
+
+def _mesh_rank(rank: int) -> Any:
+    from strategies import ModelParallelStrategy
+
+    model = MeshSeen()
+    Trainer(max_steps=1, **{**QUIET, "strategy": ModelParallelStrategy()}).fit(model)
+    return model.mesh_seen
+
+
+@pytest.mark.timeout(60)
+def test_device_mesh_is_the_model_parallel_mesh_in_configure_model_and_none_elsewhere():
+    """Lightning's `device_mesh`: ModelParallelStrategy's (data_parallel, tensor_parallel) mesh, None otherwise."""
+    assert BoringModel().device_mesh is None
+    plain = MeshSeen()
+    Trainer(max_steps=1, **QUIET).fit(plain)
+    assert plain.mesh_seen is None
+    assert run_distributed(_mesh_rank, world_size=1) == [(("data_parallel", "tensor_parallel"), (1, 1))]
 
 
 def test_rank_zero_helpers_are_importable_from_trainer(caplog: pytest.LogCaptureFixture,

@@ -65,6 +65,21 @@ def test_gpt_zero3_bf16_on_two_cpu_ranks(tmp_path: Path):
     assert (root / "final-weights.ckpt").is_file()
 
 
+@pytest.mark.distributed
+@pytest.mark.timeout(150)
+def test_gpt_model_parallel_on_two_cpu_ranks(tmp_path: Path):
+    """Tensor parallelism over 2 ranks: every block's heads and MLP split by the module's configure_model; the
+    final weights gathered into one file load into a plain module that samples."""
+    root = tmp_path / "root"
+    res = _run_example("gpt.py", "--accelerator", "cpu", "--devices", "2", "--strategy", "model_parallel",
+                       "--fast-dev-run", "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32",
+                       "--batch-size", "4", "--sample-chars", "20", "--no-progress-bar", "--root", str(root),
+                       out=tmp_path / "out", timeout=120)
+    samples = re.findall(r"--- sample ---\n(.*?)\n--------------", res.output, re.S)
+    assert len(samples) == 1 and samples[0].startswith("The Trainer ") and len(samples[0]) == 32, res.output[-4000:]
+    assert "ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2" in res.output, res.output[-4000:]
+
+
 @pytest.mark.timeout(120)
 def test_gan_fast_dev_run_prints_digits(tmp_path: Path):
     res = _run_example("gan.py", "--accelerator", "cpu", "--strategy", "ddp", "--devices", "2",  # manual under DDP

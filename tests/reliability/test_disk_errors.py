@@ -8,13 +8,17 @@ import os
 import resource
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
+from callbacks import Callback, ModelCheckpoint
+from strategies import ZeroStrategy
 from strategies.checkpoint_io.atomic_file import atomic_save
 from strategies.exceptions import CheckpointSaveError
 from tests.helpers.boring import QUIET, BoringModel
@@ -103,3 +107,68 @@ def test_a_read_only_filesystem_is_a_checkpoint_save_error(tmp_path: Path):
         for target in (disk / "model.ckpt", disk / "sub" / "model.ckpt"):
             with pytest.raises(CheckpointSaveError, match=rf"{target.parent}.*[Rr]ead-only file system.*read-only"):
                 atomic_save({"weights": torch.zeros(4)}, target)
+
+
+class _SaveAtStep(Callback):
+    """Saves into `path` at the end of the first training batch (inside fit: the async path's background write)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step == 1:
+            trainer.save_checkpoint(self.path)
+
+
+def _sharded_save_on_full_disk(rank: int, path: str, mode: Any) -> str:
+    trainer = Trainer(max_steps=2, limit_val_batches=0, callbacks=[_SaveAtStep(path)],
+                      **{**DDP, "strategy": ZeroStrategy(stage=3, sharded_checkpoint=mode)})
+    try:
+        trainer.fit(Wide())
+    except CheckpointSaveError as err:
+        return str(err)
+    return "saved"
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode", [True, "async"])
+def test_a_sharded_save_on_a_full_disk_names_the_folder_and_the_cause(tmp_path: Path, mode: Any):
+    """Issue 39, defect 7: DCP's CheckpointException (a BaseException) escaped as a raw 'unexpected pos' traceback
+    on every rank; the async save's error named neither the path nor the cause."""
+    disk = tmp_path / "disk"
+    with _full_disk(disk) as code:
+        started = time.perf_counter()
+        messages = run_distributed(_sharded_save_on_full_disk, str(disk / "sharded.ckpt"), mode, timeout=150)
+        elapsed = time.perf_counter() - started
+    for message in messages:
+        assert message.startswith("rank"), message
+        assert f"could not write the shards of {disk / 'sharded.ckpt'} ({code}: " in message, message
+        assert "untouched" in message and "Traceback" not in message and "\n" not in message, message
+    assert messages[0] == messages[1]
+    assert elapsed < 150
+
+
+def test_an_empty_path_and_a_file_as_the_checkpoint_folder_are_clear_save_errors(tmp_path: Path):
+    trainer = Trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=0, **QUIET)
+    trainer.fit(BoringModel())
+    for bad in ("", "  "):
+        with pytest.raises(CheckpointSaveError, match="cannot save a checkpoint to .*give a file path"):
+            trainer.save_checkpoint(bad)
+    in_the_way = tmp_path / "a_file"
+    in_the_way.write_text("not a folder")
+    trainer = Trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=0,
+                      callbacks=[ModelCheckpoint(dirpath=in_the_way)], **{**QUIET, "enable_checkpointing": True})
+    with pytest.raises(CheckpointSaveError, match=rf"cannot create checkpoint directory {in_the_way} \(File exists\)"):
+        trainer.fit(BoringModel())
+
+
+def test_a_read_only_checkpoint_folder_is_a_clear_save_error_not_a_claim_oserror(tmp_path: Path):
+    disk = tmp_path / "ro"
+    with _tmpfs(disk, "ro,size=1m") as mounted:
+        if not mounted:
+            pytest.skip("mounting a read-only tmpfs needs root")
+        trainer = Trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=0,
+                          callbacks=[ModelCheckpoint(dirpath=disk)], **{**QUIET, "enable_checkpointing": True})
+        with pytest.raises(CheckpointSaveError, match=rf"{disk}.*[Rr]ead-only file system.*read-only"):
+            trainer.fit(BoringModel())

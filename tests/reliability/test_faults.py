@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.distributed,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to find survivors")]
 
 FULL = os.environ.get("RELIABILITY_FULL") == "1"  # opt-in: the fault cases over every strategy (docs/reliability.md)
-STRATEGIES = ["ddp", "ddp_spawn", "zero1", "zero2", "zero3"] if FULL else ["ddp"]
+STRATEGIES = ["ddp", "ddp_spawn", "zero1", "zero2", "zero3", "model_parallel"] if FULL else ["ddp"]
 
 
 @pytest.mark.timeout(120)
@@ -46,6 +46,17 @@ def test_raise_on_one_rank_ends_every_rank(tmp_path: Path, rank: int, strategy: 
     res = run(out, "--fault", f"raise@{rank}:3", "--strategy", strategy, timeout=60)
     assert res.returncode != 0
     assert_root_cause_first(res.output, f"[rank {rank}] RuntimeError: INJECTED FAILURE on rank {rank} at step 3")
+    assert seconds_after_fault(out, res) < BOUND_S, res.output[-4000:]
+
+
+@pytest.mark.timeout(180)
+def test_raise_on_one_rank_of_a_2x2_model_parallel_mesh_ends_every_rank(tmp_path: Path):
+    """FI-1 on 4 ranks whose tensor-parallel layer and data-parallel root unit run collectives on the mesh's groups."""
+    out = tmp_path / "out"
+    res = run(out, "--fault", "raise@1:3", "--strategy", "model_parallel", "--devices", "4", "--data-parallel", "2",
+              timeout=120)
+    assert res.returncode != 0
+    assert_root_cause_first(res.output, "[rank 1] RuntimeError: INJECTED FAILURE on rank 1 at step 3")
     assert seconds_after_fault(out, res) < BOUND_S, res.output[-4000:]
 
 

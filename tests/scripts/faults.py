@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from callbacks import Callback, ModelCheckpoint  # noqa: E402
-from strategies import DDPStrategy, ZeroStrategy  # noqa: E402
+from strategies import DDPStrategy, ModelParallelStrategy, ZeroStrategy  # noqa: E402
 from tests.helpers.boring import BoringModel  # noqa: E402
 from trainer import Trainer, seed_everything  # noqa: E402
 
@@ -163,6 +163,18 @@ class SkippingModel(FaultyModel):
         return super().training_step(batch, batch_idx)
 
 
+class MeshModel(FaultyModel):
+    """FaultyModel for `--strategy model_parallel`: its layer is split over the tensor-parallel ranks."""
+
+    def configure_model(self) -> None:
+        from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+        from torch.distributed.tensor.placement_types import Replicate
+
+        if not hasattr(self.layer.weight, "device_mesh"):  # once: fit runs configure_model every time
+            parallelize_module(self.layer, self.device_mesh["tensor_parallel"],
+                               ColwiseParallel(output_layouts=Replicate()))
+
+
 class SaveFaults(Callback):
     def __init__(self, fault: Fault) -> None:
         self.fault = fault
@@ -245,7 +257,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--devices", type=int, default=2)
-    parser.add_argument("--strategy", default="ddp", help="ddp, ddp_spawn, zero1/2/3, single")
+    parser.add_argument("--strategy", default="ddp", help="ddp, ddp_spawn, zero1/2/3, model_parallel, single")
+    parser.add_argument("--data-parallel", type=int, default=1, help="model_parallel: the data-parallel size")
     parser.add_argument("--fault", action="append", help="MODE@RANK:STEP; may be given several times")
     parser.add_argument("--max-epochs", type=int, default=2)
     parser.add_argument("--pg-timeout", type=float, default=None)
@@ -292,6 +305,9 @@ def main() -> None:
     if (args.pg_timeout or hang_rule) and args.strategy in ("ddp", "ddp_spawn"):
         strategy = DDPStrategy(timeout=args.pg_timeout, start_method="spawn" if args.strategy == "ddp_spawn"
                                else "subprocess", **hang_rule)
+    elif args.strategy == "model_parallel":
+        strategy = ModelParallelStrategy(data_parallel_size=args.data_parallel, timeout=args.pg_timeout,
+                                         save_distributed_checkpoint=args.sharded)
     elif args.strategy.startswith("zero") and (args.pg_timeout or args.sharded):
         strategy = ZeroStrategy(stage=int(args.strategy[-1]), timeout=args.pg_timeout,
                                 sharded_checkpoint="async" if args.async_save else args.sharded)
@@ -302,6 +318,8 @@ def main() -> None:
         checkpoint_on_interrupt=args.checkpoint_on_interrupt,
     )
     model_class = SkippingModel if any(mode == "return_none" for mode, *_ in fault.faults) else FaultyModel
+    if args.strategy == "model_parallel":
+        model_class = MeshModel
     trainer.fit(model_class(fault, args.step_sleep), ckpt_path="last" if args.resume else None)
     print(f"AFTER_FIT {trainer.global_rank}", flush=True)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from strategies.comm.distributed import find_free_port
+from strategies.comm.distributed import _ephemeral_ports, find_free_port
 from tests.helpers.launch import REPO, TORCHRUN, _alive, _survivors, launch
 from tests.helpers.launch import assert_ok as _assert_ok
 from tests.helpers.launch import clean_env as _env
@@ -79,6 +79,14 @@ def _script_pids(out: Path) -> list[int]:
 
 
 @pytest.mark.timeout(30)
+def test_free_ports_are_picked_outside_the_range_outgoing_connections_take():
+    """A launcher picks MASTER_PORT before the ranks bind it; a port of the kernel's ephemeral range could be handed
+    to an outgoing connection in between (EADDRINUSE under load), so the picks come from below that range."""
+    ports = {find_free_port() for _ in range(20)}
+    ephemeral = _ephemeral_ports()
+    assert [p for p in ports if p in ephemeral or p < 1024] == [] and len(ports) > 1
+
+
 def test_harness_reports_orphans_and_timeouts_and_kills_them(tmp_path: Path):
     """The checks below are not vacuous: a process left behind, or a launch past its limit, fails the test."""
     out = tmp_path / "orphan"

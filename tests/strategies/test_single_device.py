@@ -12,10 +12,11 @@ import torch
 from torch import nn
 
 from strategies import STRATEGY_REGISTRY, Precision, SingleDeviceStrategy, Strategy
-from strategies.base import _StepRouter, move_to_device
+from strategies.base import move_to_device
 from strategies.exceptions import ConfigError
 from strategies.launch.devices import resolve_devices
 from strategies.model.device_move import module_on
+from strategies.model.step_router import StepRouter
 from strategies.precision import canonical_precision, precision_from_flag
 from tests.helpers.boring import QUIET, BoringModel
 from trainer import Trainer
@@ -23,17 +24,17 @@ from trainer import Trainer
 
 def test_steps_go_through_the_routers_forward(monkeypatch: pytest.MonkeyPatch):
     calls: list[str] = []
-    original = _StepRouter.forward
+    original = StepRouter.forward
 
-    def recording(self: _StepRouter, method: str, *args: Any) -> Any:
+    def recording(self: StepRouter, method: str, *args: Any) -> Any:
         calls.append(method)
         return original(self, method, *args)
 
-    monkeypatch.setattr(_StepRouter, "forward", recording)
+    monkeypatch.setattr(StepRouter, "forward", recording)
     strategy = SingleDeviceStrategy("cpu")
     module = BoringModel()
     strategy.setup_module(module)
-    assert isinstance(strategy.model, _StepRouter) and strategy.module is module
+    assert isinstance(strategy.model, StepRouter) and strategy.module is module
     strategy.step("training_step", torch.randn(4, 32), 0)
     strategy.step("predict_step", torch.randn(4, 32), 0)
     assert calls == ["training_step", "predict_step"]
@@ -43,7 +44,7 @@ def test_a_wrapping_strategy_calls_the_wrapper_so_its_hooks_run():
     calls: list[str] = []
 
     class Wrapped(SingleDeviceStrategy):
-        def _wrap(self, router: _StepRouter) -> nn.Module:
+        def _wrap(self, router: StepRouter) -> nn.Module:
             wrapper = nn.Sequential()  # stands in for DDP: anything whose __call__ must run
             wrapper.forward = router.forward  # type: ignore[method-assign]
             wrapper.register_forward_pre_hook(lambda mod, args: calls.append(args[0]))

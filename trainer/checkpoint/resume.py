@@ -78,6 +78,8 @@ def _loop_state(loop: FitState) -> dict[str, Any]:
         "step_pending": step_pending,
         "results": loop.train_results.state_dict(before_batch=rolled_back),
         "loaders_requested_at": dict(loop.loaders.requested_at),  # reload_dataloaders_every_n_epochs goes on
+        "data_shard": loop.strategy.distributed_sampler_kwargs,  # how the data was split (a device mesh may
+        # split it fewer ways than there are ranks)
     }
     if window_has_loss:  # inside a gradient-accumulation window: the partial sum is state too
         grads = loop.strategy.accumulated_gradients()
@@ -111,16 +113,16 @@ def plan_resume(loop: FitState, per_rank: list[dict[str, Any]], path: Any) -> Re
     """Pick this rank's loop state from a checkpoint and check it fits this run's topology."""
     progress = loop.progress
     mid_epoch = progress.epoch_opened and not progress.epoch_finished
-    rank, saved_world, world = loop.strategy.global_rank, len(per_rank), loop.strategy.world_size
-    if saved_world != world:
+    rank, world = loop.strategy.global_rank, loop.strategy.world_size
+    change = _topology_change(per_rank, loop.strategy.distributed_sampler_kwargs, rank, world)
+    if change is not None:
         if mid_epoch and loop.schedule.limit_reached() is None:  # with nothing left to train, order is moot
             raise CheckpointLoadError(
-                f"{path} was saved mid-epoch by {saved_world} rank(s); this run has {world}. The data "
-                "order of an unfinished epoch depends on the world size: resume with the same number of processes, "
-                "or from a checkpoint taken at an epoch end."
+                f"{path} was saved mid-epoch {change}. The data order of an unfinished epoch depends on how the "
+                "data is split over the ranks: resume with the same processes (and device mesh), or from a "
+                "checkpoint taken at an epoch end."
             )
-        rank_zero_warn(f"{path} was saved by {saved_world} rank(s), this run has {world}: per-rank RNG "
-                       "states are not restored.")
+        rank_zero_warn(f"{path} was saved {change}: per-rank RNG states are not restored.")
         return ResumePoint(rng=None, mid_epoch=False)
     mine = per_rank[rank]
     loop.train_results.load_state_dict(mine.get("results", {}))
@@ -132,6 +134,19 @@ def plan_resume(loop: FitState, per_rank: list[dict[str, Any]], path: Any) -> Re
                        epoch_start_rng=mine.get("epoch_start_rng"), sampler_state=mine.get("sampler") or {},
                        generators=mine.get("generators"), grads=mine.get("grads"),
                        window_has_loss=bool(mine.get("window_has_loss")), step_pending=bool(mine.get("step_pending")))
+
+
+def _topology_change(per_rank: list[dict[str, Any]], shard_now: dict[str, Any] | None, rank: int,
+                     world: int) -> str | None:
+    """How the checkpoint's ranks differ from this run's (in words), or None when they match: the world size, or,
+    at the same world size, how the data is split (the data-parallel size of a device mesh)."""
+    if len(per_rank) != world:
+        return f"by {len(per_rank)} rank(s), this run has {world}"
+    saved = per_rank[rank].get("data_shard", shard_now)  # older checkpoints do not record it
+    if saved != shard_now:
+        ways = [shard.get("num_replicas", 1) if shard else 1 for shard in (saved, shard_now)]
+        return f"with the data split {ways[0]} way(s) over {world} rank(s), this run splits it {ways[1]} way(s)"
+    return None
 
 
 def before_epoch(loop: FitState) -> None:

@@ -85,12 +85,31 @@ def _check_hparams_and_progress(checkpoint: Mapping[str, Any], path: str | Path)
             raise CheckpointLoadError(
                 f"checkpoint {path}: 'progress' entry {key!r} holds {_kind(value)}; the loop counters are ints. {_FIX}"
             )
+    _check_per_rank(checkpoint, path)
+
+
+def _check_per_rank(checkpoint: Mapping[str, Any], path: str | Path) -> None:
+    """'loops' holds one dict per rank that saved, 'rng' one dict (or None: no RNG state, as in a checkpoint
+    imported from Lightning) per rank."""
+    for name, allowed in (("loops", Mapping), ("rng", (Mapping, type(None)))):
+        for index, item in enumerate(checkpoint.get(name, [])):
+            if not isinstance(item, allowed):
+                raise CheckpointLoadError(
+                    f"checkpoint {path}: {name!r}[{index}] holds {_kind(item)}, but each entry must be a dict (one per "
+                    f"rank that saved). {_FIX}"
+                )
 
 
 def check_resumable(checkpoint: Mapping[str, Any], path: str | Path, has_optimizers: bool) -> None:
     """fit(ckpt_path=...) needs the training state, not only the weights (a weights-only save drops it)."""
     needed = ("optimizer_states", "progress") if has_optimizers else ("progress",)
     missing = [name for name in needed if name not in checkpoint]
+    loops, rng = checkpoint.get("loops", []), checkpoint.get("rng", [])
+    if not missing and loops and len(loops) != len(rng):
+        raise CheckpointLoadError(
+            f"checkpoint {path}: 'loops' holds {len(loops)} entries but 'rng' {len(rng)}; both hold one per rank that "
+            f"saved. {_FIX}"
+        )
     if missing:
         raise CheckpointLoadError(
             f"checkpoint {path} has no {' or '.join(repr(m) for m in missing)}: it holds the weights only (saved with "

@@ -27,6 +27,7 @@ from strategies.checkpoint_io.filesystem import AnyPath, join, makedirs, open_fi
 from strategies.exceptions import ConfigError, MisconfigurationError
 from trainer.cli.config import SECTIONS, CLIError, ConfigSources, apply_seed, load_config, resolve_config
 from trainer.cli.objects import ObjectBuilder, did_you_mean, is_class_spec
+from trainer.cli.slots import section_slots, trainer_slots
 from trainer.core.datamodule import DataModule
 from trainer.core.module import TrainModule
 from trainer.trainer import Trainer
@@ -89,9 +90,10 @@ def _check_sections(config: dict[str, Any], sources: ConfigSources, builder: Obj
     for key, value in (("callbacks", config.get("callbacks")), ("trainer.callbacks", trainer_cfg.get("callbacks")),
                        ("logger", config.get("logger")), ("trainer.logger", trainer_cfg.get("logger"))):
         _check_spec_list(value, key, sources, allow_bool=key.endswith("logger"))
+    slots = section_slots()
     for section in ("model", "data", "callbacks", "logger"):
-        builder.check(config.get(section), section)
-    builder.check(trainer_cfg, "trainer")
+        builder.check(config.get(section), section, slots[section])
+    builder.arguments(Trainer, trainer_cfg, "trainer", make=False, slots=trainer_slots())
 
 
 def _check_layout(config: dict[str, Any], sources: ConfigSources) -> None:
@@ -138,11 +140,13 @@ def _as_list(value: Any) -> list[Any]:
 
 
 def _build_trainer(config: dict[str, Any], text: str, sources: ConfigSources, builder: ObjectBuilder) -> Trainer:
-    kwargs = builder.build(dict(config.get("trainer") or {}), "trainer")
-    kwargs["callbacks"] = [*_as_list(kwargs.get("callbacks")), *_as_list(builder.build(config.get("callbacks"),
-                                                                                      "callbacks")), SaveConfig(text)]
+    slots = section_slots()
+    kwargs = builder.arguments(Trainer, dict(config.get("trainer") or {}), "trainer", make=True, slots=trainer_slots())
+    kwargs["callbacks"] = [*_as_list(kwargs.get("callbacks")),
+                           *_as_list(builder.build(config.get("callbacks"), "callbacks", slots["callbacks"])),
+                           SaveConfig(text)]
     if config.get("logger") is not None:
-        kwargs["logger"] = builder.build(config["logger"], "logger")
+        kwargs["logger"] = builder.build(config["logger"], "logger", slots["logger"])
     try:
         return Trainer(**kwargs)
     except (ConfigError, MisconfigurationError) as exc:
@@ -183,10 +187,11 @@ def run(argv: list[str] | None = None) -> CLIRun | None:
         return None
     _seed(config)  # before the model is built: its initial weights follow the seed
     text = OmegaConf.to_yaml(config)
-    model = builder.build(config["model"], "model")
+    slots = section_slots()
+    model = builder.build(config["model"], "model", slots["model"])
     if not isinstance(model, TrainModule):
         raise sources.error("model", f"{type(model).__name__} is not a trainer.TrainModule")
-    data = builder.build(config.get("data"), "data")
+    data = builder.build(config.get("data"), "data", slots["data"])
     if data is not None and not isinstance(data, DataModule):
         raise sources.error("data", f"{type(data).__name__} is not a trainer.DataModule")
     trainer = _build_trainer(config, text, sources, builder)

@@ -12,7 +12,8 @@ from strategies.exceptions import CheckpointError
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trainer consolidate",
-        description="Turn a sharded (ZeRO-2/3) checkpoint folder into one checkpoint file that loads on one device.")
+        description="Turn a sharded (ZeRO-2/3, model_parallel) checkpoint folder into one checkpoint file that loads "
+                    "on one device.")
     parser.add_argument("folder", help="a committed sharded checkpoint folder (local path or URL)")
     parser.add_argument("file", help="the checkpoint file to write (local path or URL)")
     return parser

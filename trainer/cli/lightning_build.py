@@ -13,9 +13,11 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from strategies.checkpoint_io.safe_load import safe_load
 from trainer.cli.config import CLIError, ConfigSources, load_config, resolve_config
 from trainer.cli.lightning_parser import AUTOMATIC, LightningArgumentParser, ParsedArgs, signature_params
 from trainer.cli.objects import ObjectBuilder, did_you_mean, is_class_spec
+from trainer.cli.slots import trainer_slots
 from trainer.core.module import TrainModule
 
 _SPEC_KEYS = ("class_path", "init_args", "dict_kwargs")
@@ -151,8 +153,8 @@ class ConfigAssembler:
         path, group = config.get("ckpt_path"), self.parser.groups.get("model")
         if not isinstance(path, str) or not os.path.isfile(path) or group is None:
             return
-        try:
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        try:  # the safe load's checks (CRCs, record sizes), as every load of a checkpoint
+            checkpoint = safe_load(path)
         except Exception:  # noqa: BLE001 - not readable here: the run's own load of ckpt_path names what is wrong
             return
         hparams = dict(checkpoint.get(TrainModule.CHECKPOINT_HYPER_PARAMS_KEY) or
@@ -289,7 +291,7 @@ class ConfigAssembler:
         if not isinstance(trainer_cfg, dict):
             raise self.sources.error("trainer", f"must be a mapping of Trainer arguments, got {trainer_cfg!r}")
         builder.check_kwargs(self.trainer_class, {**trainer_cfg, **self.objects_for("trainer")}, "trainer")
-        builder.check(trainer_cfg, "trainer")
+        builder.arguments(self.trainer_class, trainer_cfg, "trainer", make=False, slots=trainer_slots())
         instantiated = self.instantiate_link_targets()
         for key in self.parser.groups:
             if key == "trainer" or config.get(key) is None:

@@ -26,7 +26,10 @@ from trainer.core.datamodule import DataModule
 from trainer.core.module import TrainModule
 from trainer.trainer import Trainer
 
-__all__ = ["LightningArgumentParser", "LightningCLI", "SaveConfigCallback"]
+__all__ = ["ArgsType", "LightningArgumentParser", "LightningCLI", "SaveConfigCallback"]
+
+# What `LightningCLI(args=...)` takes instead of sys.argv: the command line's words, or the config as a dict.
+ArgsType = list[str] | dict[str, Any] | None
 
 
 class SaveConfigCallback(Callback):
@@ -80,7 +83,7 @@ class LightningCLI:
                  parser_kwargs: dict[str, Any] | None = None,
                  parser_class: type[LightningArgumentParser] = LightningArgumentParser,
                  subclass_mode_model: bool = False, subclass_mode_data: bool = False,
-                 args: list[str] | dict[str, Any] | None = None, run: bool = True,
+                 args: ArgsType = None, run: bool = True,
                  auto_configure_optimizers: bool = True, load_from_checkpoint_support: bool = True) -> None:
         self.save_config_callback = save_config_callback
         self.save_config_kwargs = save_config_kwargs or {}

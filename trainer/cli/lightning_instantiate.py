@@ -3,6 +3,7 @@ attribute of an object built before), the automatic optimizer and scheduler, and
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from collections.abc import Callable
 from functools import partial, update_wrapper
@@ -13,6 +14,7 @@ from trainer.cli.config import CLIError
 from trainer.cli.lightning_build import ConfigAssembler
 from trainer.cli.lightning_parser import AUTOMATIC, LightningArgumentParser
 from trainer.cli.objects import ObjectBuilder
+from trainer.cli.slots import trainer_slots
 from trainer.core.module import TrainModule
 
 
@@ -25,7 +27,8 @@ class Instantiator:
 
     def build_groups(self, config: dict[str, Any]) -> dict[str, Any]:
         built: dict[str, Any] = {k: v for k, v in config.items() if k not in self.parser.groups or k == "trainer"}
-        built["trainer"] = self.builder.build(dict(config.get("trainer") or {}), "trainer")
+        built["trainer"] = self.builder.arguments(self.trainer_class, dict(config.get("trainer") or {}), "trainer",
+                                                  make=True, slots=trainer_slots())
         pending = [k for k in self.parser.groups if k != "trainer"]
         links = [link for link in self.parser.links if link.apply_on == "instantiate"]
         while pending:
@@ -87,3 +90,14 @@ def _attribute(built: dict[str, Any], source: str) -> Any:
     for part in rest.removeprefix("init_args.").split(".") if rest else ():
         value = value[part] if isinstance(value, dict) else getattr(value, part)
     return value
+
+
+def instantiate_class(args: Any, init: dict[str, Any]) -> Any:
+    """Build `init["class_path"]` with `args` first (a tuple: several positional arguments) and `init["init_args"]` as
+    keywords, as Lightning's helper does for `configure_optimizers` under the CLI:
+    `instantiate_class(self.parameters(), self.hparams.optimizer)`."""
+    module_name, _, name = str(init.get("class_path", "")).rpartition(".")
+    if not module_name:
+        raise ValueError(f"instantiate_class: init needs a 'class_path' such as 'torch.optim.Adam', got {init!r}.")
+    cls = getattr(importlib.import_module(module_name), name)
+    return cls(*(args if isinstance(args, tuple) else (args,)), **init.get("init_args", {}))

@@ -1,6 +1,6 @@
-"""Building the objects a config names: `class_path`/`init_args` (or `_target_`) specs are imported and their
-arguments checked against the signature (unknown names with a suggestion, missing ones, plainly wrong types)
-before anything is built; then built depth-first."""
+"""Building the objects a config names: `class_path`/`init_args` (or `_target_`) specs are imported, checked
+against the type their place expects (trainer/cli/slots.py) and their arguments against the signature (unknown
+names with a suggestion, missing ones, plainly wrong types) before anything is built; then built depth-first."""
 
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ from typing import Any
 
 from strategies.exceptions import ConfigError, MisconfigurationError
 from trainer.cli.config import ConfigSources
+from trainer.cli.slots import ANY_CLASS, Slot, argument_slots, refusal
 
 # Where a class name without a dot is looked up, by key path (`callbacks: [{class_path: EarlyStopping}]`).
 _SHORT_NAMES = {"callbacks": "callbacks", "trainer.callbacks": "callbacks", "logger": "trainer.loggers",
                 "trainer.logger": "trainer.loggers", "trainer.strategy": "strategies"}
 # Annotations simple enough to check a YAML value against; anything richer is left to the callee.
+_IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _SIMPLE_TYPES: dict[str, tuple[type, ...]] = {
     "int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "None": (type(None),),
     "Path": (str,), "list": (list,), "Sequence": (list,), "tuple": (list,), "dict": (dict,), "Mapping": (dict,),
@@ -53,22 +55,29 @@ class ObjectBuilder:
     def __init__(self, sources: ConfigSources) -> None:
         self.sources = sources
 
-    def check(self, value: Any, key: str) -> None:
-        self._walk(value, key, make=False)
+    def check(self, value: Any, key: str, slot: Slot = ANY_CLASS) -> None:
+        self._walk(value, key, make=False, slot=slot)
 
-    def build(self, value: Any, key: str) -> Any:
-        return self._walk(value, key, make=True)
+    def build(self, value: Any, key: str, slot: Slot = ANY_CLASS) -> Any:
+        return self._walk(value, key, make=True, slot=slot)
 
-    def _walk(self, value: Any, key: str, make: bool) -> Any:
+    def arguments(self, cls: Any, kwargs: dict[str, Any], key: str, make: bool,
+                  slots: dict[str, Slot] | None = None) -> dict[str, Any]:
+        """`kwargs` of `cls` with the specs inside them checked (and built when `make`), each against its argument's
+        slot (`slots` first, then `cls`'s annotations)."""
+        known = {**argument_slots(cls), **(slots or {})}
+        return {k: self._walk(v, f"{key}.{k}", make, known.get(k, ANY_CLASS)) for k, v in kwargs.items()}
+
+    def _walk(self, value: Any, key: str, make: bool, slot: Slot = ANY_CLASS) -> Any:
         if isinstance(value, list):
-            return [self._walk(item, f"{key}[{i}]", make) for i, item in enumerate(value)]
+            return [self._walk(item, f"{key}[{i}]", make, slot) for i, item in enumerate(value)]
         if is_class_spec(value):
-            return self._instantiate(value, key, make)
+            return self._instantiate(value, key, make, slot)
         if isinstance(value, dict):
             return {k: self._walk(v, f"{key}.{k}", make) for k, v in value.items()}
         return value
 
-    def _instantiate(self, spec: dict[str, Any], key: str, make: bool) -> Any:
+    def _instantiate(self, spec: dict[str, Any], key: str, make: bool, slot: Slot) -> Any:
         if "class_path" in spec:
             for extra in spec:
                 if extra not in ("class_path", "init_args"):
@@ -82,14 +91,18 @@ class ObjectBuilder:
         if not isinstance(kwargs, dict):
             raise self.sources.error(args_key, f"must be a mapping of arguments, got {kwargs!r}")
         cls = self.import_target(target, target_key, _SHORT_NAMES.get(re.sub(r"\[\d+\]$", "", key)))
+        problem = refusal(cls, slot, target)
+        if problem is not None:  # before anything is called: the check that keeps `os.system` from running
+            raise self.sources.error(target_key, problem)
         return self.construct(cls, kwargs, args_key, make, label=f"{key}", name=target)
 
     def construct(self, cls: Any, kwargs: dict[str, Any], args_key: str, make: bool = True,
                   label: str | None = None, name: str | None = None, extra: dict[str, Any] | None = None) -> Any:
-        """Check `kwargs` against `cls`'s signature, build the specs inside them, then call `cls` (when `make`).
-        `extra` holds arguments that are objects already (built elsewhere), passed as they are."""
+        """Check `kwargs` against `cls`'s signature, build the specs inside them (each checked against its
+        argument's annotation), then call `cls` (when `make`). `extra` holds arguments that are objects already
+        (built elsewhere), passed as they are."""
         self.check_kwargs(cls, kwargs, args_key, provided=set(extra or ()))
-        built = {k: self._walk(v, f"{args_key}.{k}", make) for k, v in kwargs.items()}
+        built = self.arguments(cls, kwargs, args_key, make)
         if not make:
             return None
         try:
@@ -100,8 +113,9 @@ class ObjectBuilder:
 
     def import_target(self, target: Any, key: str, default_module: str | None) -> Any:
         """`package.module.Name` (or a bare `Name` where the key has a default module) → the object."""
-        if not isinstance(target, str) or not target:
-            raise self.sources.error(key, f"must be an import path like 'package.module.Class', got {target!r}")
+        if not isinstance(target, str) or not _IMPORT_PATH.fullmatch(target):
+            raise self.sources.error(key, f"must be an import path like 'package.module.Class' (no leading dot, no "
+                                     f"spaces), got {target!r:.200}")
         module_name, _, attr = target.rpartition(".")
         if not module_name:
             if default_module is None:

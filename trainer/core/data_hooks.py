@@ -22,6 +22,12 @@ class AttributeDict(dict):
     def __setattr__(self, key: str, value: Any) -> None:
         self[key] = value
 
+    def __delattr__(self, key: str) -> None:
+        try:
+            del self[key]
+        except KeyError:
+            raise AttributeError(f"hparams has no key {key!r}") from None
+
 
 def _default_hook(fn: Any) -> Any:
     """Mark a base-class data hook so the Trainer can tell that the user did not define it."""

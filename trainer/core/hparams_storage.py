@@ -15,16 +15,28 @@ import csv
 import functools
 import inspect
 import io
+import pickle
 import sys
 from argparse import Namespace
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from strategies.checkpoint_io.weights_only import StandIn, allowed_globals, refusal
+from strategies.comm.distributed import rank_zero_warn
 from strategies.exceptions import MisconfigurationError
 
 _REPR_LIMIT = 300
+
+
+def is_picklable(obj: object) -> bool:
+    """Whether pickle can serialise `obj` (Lightning's test). A weights-only checkpoint holds less than that: what it
+    holds is decided by `stored_form`."""
+    try:
+        pickle.dumps(obj)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return False
+    return True
 
 
 def import_path(obj: Any) -> str | None:
@@ -194,6 +206,36 @@ def read_hparams_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise MisconfigurationError(f"hparams_file={str(path)!r} holds a {type(loaded).__name__}, not a mapping.")
     return loaded
+
+
+def save_hparams_to_yaml(config_yaml: str | Path, hparams: Mapping[str, Any] | Namespace,
+                         use_omegaconf: bool = True) -> None:
+    """Write `hparams` (a dict, `self.hparams` or a Namespace) as YAML that `read_hparams_file` reads back.
+
+    Mappings inside (OmegaConf's too, whatever `use_omegaconf` says) are written as plain YAML mappings; a value
+    YAML's safe dumper cannot write is left out with a warning that names it, as Lightning leaves it out."""
+    import yaml  # PyYAML, installed with omegaconf; imported only here
+
+    items = vars(hparams) if isinstance(hparams, Namespace) else dict(hparams)
+    kept: dict[str, Any] = {}
+    for key, value in items.items():
+        plain = _plain(value)
+        try:
+            yaml.safe_dump(plain)
+        except yaml.YAMLError:
+            rank_zero_warn(f"save_hparams_to_yaml: {key!r} is left out: YAML cannot hold a {type(value).__name__}.")
+            continue
+        kept[key] = plain
+    Path(config_yaml).write_text(yaml.safe_dump(kept))
+
+
+def _plain(value: Any) -> Any:
+    """Mappings as dicts and sequences as lists, all the way down (YAML's safe dumper takes no subclasses)."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _literal(text: str) -> Any:

@@ -95,6 +95,13 @@ class TrainModule(HyperparametersMixin, OptimizationHooks, ModuleConveniences, M
         return torch.device("cpu")
 
     @property
+    def device_mesh(self) -> Any:
+        """The device mesh of `strategy="model_parallel"` (`ModelParallelStrategy`), for `configure_model` to
+        parallelize over: `self.device_mesh["tensor_parallel"]`, `self.device_mesh["data_parallel"]`. None under
+        other strategies and without a Trainer."""
+        return self._trainer.strategy.device_mesh if self._trainer is not None else None
+
+    @property
     def global_rank(self) -> int:
         """This process's rank among all processes (0 without a Trainer)."""
         return self._trainer.global_rank if self._trainer is not None else 0

@@ -14,7 +14,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from strategies.exceptions import MisconfigurationError
-from strategies.wrapped_optimizer import StrategyOptimizer, unwrap_optimizer
+from strategies.model.wrapped_optimizer import StrategyOptimizer, unwrap_optimizer
 from trainer.core.optimizer_setup import step_scheduler
 from trainer.hooks import call_hook
 

@@ -4,6 +4,7 @@ set_epoch, and iterate telling the loop which batch is the last (samplers: train
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -13,6 +14,15 @@ from trainer.data.lengths import loader_length
 
 _HOOKS = {"train": "train_dataloader", "val": "val_dataloader", "test": "test_dataloader",
           "predict": "predict_dataloader"}
+
+
+def suggested_max_num_workers(local_world_size: int) -> int:
+    """An upper bound for a DataLoader's `num_workers`: the CPUs this process may use, shared by the
+    `local_world_size` processes of this machine, less one each for the process itself (at least 1)."""
+    if local_world_size < 1:
+        raise ValueError(f"suggested_max_num_workers(local_world_size={local_world_size}): use 1 or more.")
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cpus // local_world_size - 1)
 
 
 def requested(stage: str, given: Any, datamodule: Any, module: Any) -> Any:

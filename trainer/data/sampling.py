@@ -18,6 +18,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 from torch.utils.data.distributed import DistributedSampler
 
 from strategies.comm.distributed import rank_zero_warn
+from strategies.exceptions import PossibleUserWarning
 from trainer.data.loader_rebuild import LOADER_ARGS, ShardedSampler, index_sampler, rebuild_loader
 from trainer.seed import SEED_ENV
 
@@ -83,7 +84,8 @@ def record_indices(loader: Iterable) -> Iterable:
             or isinstance(loader.sampler, IndexRecorder) or not isinstance(loader.batch_size, int):
         if loader.drop_last:
             rank_zero_warn(f"the predict loader ({type(loader).__name__}) drops its last incomplete batch and cannot "
-                           "be re-built with drop_last=False: some samples get no prediction.")
+                           "be re-built with drop_last=False: some samples get no prediction.",
+                           category=PossibleUserWarning)
         return loader
     sampler = loader.sampler
     assert isinstance(sampler, Sampler)  # a plain DataLoader with a BatchSampler over it: a Sampler of its own

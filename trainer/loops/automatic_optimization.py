@@ -7,7 +7,7 @@ training_step, the per-step agreement between ranks (a skip, NaN or stop is sett
 backward), `optimizer_zero_grad` on the first batch of a window, and backward. Because the optimizer calls
 the closure, an override can act around the step (a learning-rate warm-up) and closure optimizers work
 (LBFGS calls it several times: training_step runs each time). The optimizer handed to `optimizer_step` is the
-wrapper of strategies/wrapped_optimizer.py: after each closure call it runs `after_closure` below
+wrapper of strategies/model/wrapped_optimizer.py: after each closure call it runs `after_closure` below
 (on_before_optimizer_step, then clipping through `configure_gradient_clipping`), then steps through the
 strategy. Batches that only accumulate call the closure directly, without `optimizer_step`, as Lightning does.
 """
@@ -23,7 +23,7 @@ from torch.optim import Optimizer
 
 from strategies.comm.distributed import rank_zero_warn
 from strategies.exceptions import MisconfigurationError
-from strategies.wrapped_optimizer import StrategyOptimizer, wrap_optimizer
+from strategies.model.wrapped_optimizer import StrategyOptimizer, wrap_optimizer
 from trainer.checkpoint.loop_position import Phase
 from trainer.hooks import call_hook, is_overridden
 

@@ -21,7 +21,7 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from strategies.base import Strategy
-from strategies.wrapped_optimizer import StrategyOptimizer
+from strategies.model.wrapped_optimizer import StrategyOptimizer
 from trainer.checkpoint.loop_position import LoopPosition
 from trainer.core.optimizer_setup import SchedulerConfig, SchedulerStepper
 from trainer.data.batch_transfer import BatchTransfer
@@ -61,7 +61,7 @@ class FitState:
         lr_scheduler_configs: the schedulers from configure_optimizers, with their interval and frequency.
         scheduler_stepper: steps the schedulers at their interval.
         user_optimizers: what `TrainModule.optimizers()` returns and `optimizer_step` receives: the optimizers
-            wrapped so that `.step(closure)` goes through the strategy (strategies/wrapped_optimizer.py).
+            wrapped so that `.step(closure)` goes through the strategy (strategies/model/wrapped_optimizer.py).
         automatic: automatic (True) or manual optimization.
         custom_clipping: the module overrides `configure_gradient_clipping` (called at every step then).
         window_has_loss: the open accumulation window has a backward in it.

@@ -34,6 +34,13 @@ class Interrupted(KeyboardInterrupt):
     process exits with 130."""
 
 
+class SIGTERMException(SystemExit):
+    """Every rank stopped after the same batch on SIGTERM and saved a checkpoint; the process exits with 143.
+
+    A SystemExit, as Lightning's: callbacks' `on_exception` see it, and `except SIGTERMException` around fit() can
+    do a last thing before the process ends."""
+
+
 class StopSignals:
     """Records SIGTERM, SIGINT (when Python's default Ctrl-C handler is in place) and SIGUSR1 (under SLURM) while
     fit() runs."""
@@ -96,7 +103,7 @@ def stop_and_exit(trainer: Trainer, signum: int) -> NoReturn:
         requeue_slurm_job()
     if interrupted:
         raise Interrupted(f"{name} received")
-    raise SystemExit(128 + signum)
+    raise (SIGTERMException if signum == signal.SIGTERM else SystemExit)(128 + signum)
 
 
 def requeue_slurm_job() -> None:

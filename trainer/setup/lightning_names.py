@@ -39,10 +39,10 @@ MODULE_NAMES: dict[str, Name] = {
                      "optimizer_zero_grad"), _S_HOOK),
     **dict.fromkeys(("manual_backward", "optimizers", "toggle_optimizer", "toggled_optimizer",
                      "untoggle_optimizer"), _S_METHOD),
-    **dict.fromkeys(("all_gather", "automatic_optimization", "clip_gradients", "current_epoch", "device", "dtype",
-                     "example_input_array", "freeze", "global_rank", "global_step", "hparams", "local_rank", "log",
-                     "log_dict", "logger", "loggers", "lr_schedulers", "on_gpu", "print", "to_onnx", "trainer",
-                     "unfreeze"), _S_METHOD),
+    **dict.fromkeys(("all_gather", "automatic_optimization", "clip_gradients", "current_epoch", "device",
+                     "device_mesh", "dtype", "example_input_array", "freeze", "global_rank", "global_step", "hparams",
+                     "local_rank", "log", "log_dict", "logger", "loggers", "lr_schedulers", "on_gpu", "print",
+                     "to_onnx", "trainer", "unfreeze"), _S_METHOD),
     **dict.fromkeys(("configure_callbacks", "configure_model", "configure_optimizers", "on_after_backward",
                      "on_after_batch_transfer", "on_before_backward", "on_before_batch_transfer",
                      "on_before_optimizer_step", "on_before_zero_grad", "on_fit_end", "on_fit_start",
@@ -59,8 +59,6 @@ MODULE_NAMES: dict[str, Name] = {
                      "training_step", "transfer_batch_to_device", "val_dataloader", "validation_step"), _S_HOOK),
     "configure_sharded_model": Name(HOOK, REFUSED, "deprecated in Lightning 2.1 in favour of `configure_model`: "
                                                    "rename the method to configure_model"),
-    "device_mesh": Name(METHOD, REFUSED, "set by Lightning's ModelParallelStrategy, which does not exist here: "
-                                         "use strategy='zero3' (FSDP2) and leave the mesh to it"),
     "fabric": Name(METHOD, REFUSED, "set only when Lightning Fabric runs the module; there is no Fabric here"),
     "to_tensorrt": Name(METHOD, REFUSED, "compile with torch_tensorrt.compile(model, inputs=[...]) directly"),
     "to_torchscript": Name(METHOD, REFUSED, "TorchScript is deprecated in PyTorch: use torch.export.export(model, "

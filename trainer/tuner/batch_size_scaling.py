@@ -27,21 +27,39 @@ if TYPE_CHECKING:
     from trainer.core.module import TrainModule
     from trainer.trainer import Trainer
 
-_OOM_MESSAGES = ("CUDA out of memory", "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.",
-                 "DefaultCPUAllocator: can't allocate memory")
+
+def _only_message(error: BaseException) -> str:
+    """The message of a RuntimeError raised with one string (how torch reports allocation failures), else ""."""
+    if isinstance(error, RuntimeError) and len(error.args) == 1 and isinstance(error.args[0], str):
+        return error.args[0]
+    return ""
+
+
+def is_cuda_out_of_memory(error: BaseException) -> bool:
+    """CUDA could not allocate."""
+    message = _only_message(error)
+    return "CUDA" in message and "out of memory" in message
+
+
+def is_cudnn_snafu(error: BaseException) -> bool:
+    """cuDNN refused the configuration, which it also does when memory runs short."""
+    return "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED." in _only_message(error)
+
+
+def is_out_of_cpu_memory(error: BaseException) -> bool:
+    """The CPU allocator could not allocate."""
+    return "DefaultCPUAllocator: can't allocate memory" in _only_message(error)
 
 
 def is_oom_error(error: BaseException) -> bool:
-    """Whether `error` is one of the out-of-memory errors the search recovers from (Lightning's list)."""
-    if isinstance(error, torch.OutOfMemoryError):
-        return True
-    if not isinstance(error, RuntimeError) or len(error.args) != 1 or not isinstance(error.args[0], str):
-        return False
-    message = error.args[0]
-    return any(known in message for known in _OOM_MESSAGES) or ("CUDA" in message and "out of memory" in message)
+    """Whether `error` is one of the out-of-memory errors the search recovers from (Lightning's list, and torch's
+    OutOfMemoryError of any device)."""
+    return isinstance(error, torch.OutOfMemoryError) or is_cuda_out_of_memory(error) or is_cudnn_snafu(error) \
+        or is_out_of_cpu_memory(error)
 
 
 def free_memory() -> None:
+    """Collect Python's garbage, then release the CUDA allocator's cached blocks."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

@@ -21,20 +21,25 @@ from strategies.exceptions import CheckpointLoadError
 
 def _read_folder(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """(manifest, everything DCP stored) for a committed folder; CheckpointLoadError when it is not one."""
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
-    # What torch's own dcp_to_torch_save uses: a planner that allocates every entry from `.metadata`, and the load
-    # that fills the dict it is given (dcp.load returns the entries of a dict it was given, not new ones).
-    from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner, _load_state_dict
+    # What torch's own dcp_to_torch_save uses (a planner that allocates every entry from `.metadata`, and the load
+    # that fills the dict it is given), through a reader and planner that run nothing the folder holds.
+    from torch.distributed.checkpoint.format_utils import _load_state_dict
+
+    from strategies.checkpoint_io.sharded.safe_read import (
+        SafeEmptyStateDictPlanner,
+        SafeFileSystemReader,
+        SafeFsspecReader,
+        dcp_failure,
+    )
 
     reader: Any
     if is_remote(path):
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
-
         from strategies.checkpoint_io.sharded.remote import verify_remote
 
         manifest, problem, folder_url = verify_remote(str(path))
-        reader = FsspecReader(folder_url)
+        reader = SafeFsspecReader(folder_url)
     else:
         folder = Path(path)
         if not folder.is_dir():
@@ -42,13 +47,16 @@ def _read_folder(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
             raise CheckpointLoadError(f"{folder} is {kind}: consolidate takes a sharded checkpoint folder "
                                       "(written with sharded_checkpoint=True or 'async').")
         manifest, problem = verified_manifest(folder)
-        reader = dcp.FileSystemReader(str(folder))
+        reader = SafeFileSystemReader(str(folder))
     if manifest is None:
         raise CheckpointLoadError(problem)
     stored: dict[str, Any] = {}
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        _load_state_dict(stored, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+        try:
+            _load_state_dict(stored, storage_reader=reader, planner=SafeEmptyStateDictPlanner(), no_dist=True)
+        except CheckpointException as err:  # a BaseException: the cause inside
+            raise dcp_failure(err, str(path)) from None
     return manifest, stored
 
 

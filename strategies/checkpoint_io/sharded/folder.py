@@ -1,12 +1,14 @@
 """Sharded checkpoint folders for ZeRO-2/3: every rank writes its own shard with
 torch.distributed.checkpoint (DCP), and rank 0 writes our manifest last, as the commit marker.
 
-A folder is a checkpoint only if it has our manifest, and every file the manifest lists has the
-recorded sha256. That check runs before DCP reads anything, because DCP reads `.metadata` with
-pickle: a foreign or tampered folder is refused without unpickling it. Ranks agree on the verdict
-through one all-reduce, so no rank proceeds (or hangs) alone. With `sharded_checkpoint="async"` the same write and
-commit run in a background thread after a CPU staging copy (strategies/checkpoint_io/sharded/async_save.py);
-consolidation into one file is strategies/checkpoint_io/sharded/consolidate.py.
+A folder is a checkpoint only if it has our manifest, it holds exactly the files the manifest lists, each with the
+recorded sha256, and its `.metadata` passes an allowlisting read (strategies/checkpoint_io/sharded/manifest.py).
+That check runs before DCP reads anything, and DCP then reads through readers that run nothing the folder holds
+(strategies/checkpoint_io/sharded/safe_read.py): a foreign or tampered folder is refused without unpickling it.
+Ranks agree on the verdict through one all-reduce, so no rank proceeds (or hangs) alone. With
+`sharded_checkpoint="async"` the same write and commit run in a background thread after a CPU staging copy
+(strategies/checkpoint_io/sharded/async_save.py); consolidation into one file is
+strategies/checkpoint_io/sharded/consolidate.py.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from strategies.checkpoint_io.atomic_file import TMP_MARKER, atomic_save
+from strategies.checkpoint_io.atomic_file import TMP_MARKER, atomic_save, checked_target
 from strategies.checkpoint_io.filesystem import is_remote
 from strategies.checkpoint_io.sharded.async_save import AsyncSaver
 from strategies.checkpoint_io.sharded.manifest import (
@@ -31,6 +33,7 @@ from strategies.checkpoint_io.sharded.manifest import (
     verified_manifest,
 )
 from strategies.checkpoint_io.sharded.remote import remote_job, verify_remote
+from strategies.checkpoint_io.sharded.write_errors import write_cause
 from strategies.checkpoint_io.temp_owner import owner_tag
 from strategies.exceptions import CheckpointLoadError, CheckpointSaveError
 
@@ -42,6 +45,7 @@ def save_sharded(strategy: Any, checkpoint: dict[str, Any], path: str | Path, sa
     (strategies/checkpoint_io/sharded/async_save.py); the previous save is waited for first."""
     if saver is not None:
         strategy.raise_if_any_failed(saver.join())  # at most one in flight: its error surfaces here
+    path = checked_target(path)  # every rank, before any collective: an empty path fails alike everywhere
     if is_remote(path):
         job = remote_job(strategy, str(path))
     else:
@@ -65,10 +69,13 @@ def save_sharded(strategy: Any, checkpoint: dict[str, Any], path: str | Path, sa
 
 
 def _write(dcp: Any, payload: dict[str, Any], job: SaveJob, group: Any) -> str | None:
+    from torch.distributed.checkpoint.api import CheckpointException
+
     try:
         dcp.save(payload, process_group=group, **job.writer)
-    except Exception as err:  # noqa: BLE001 - DCP reports a failed rank's error on every rank
-        return f"could not write the shards of {job.label}: {err}"
+    except (Exception, CheckpointException) as err:  # noqa: BLE001 - DCP's is a BaseException holding every rank's
+        return f"could not write the shards of {job.label} ({write_cause(err, job.label)}); the previous " \
+               "checkpoint, if any, is untouched"
     return None
 
 
@@ -131,13 +138,21 @@ def load_sharded(strategy: Any, path: str | Path) -> dict[str, Any]:
 
 
 def load_into(folder: Path | str, key: str, target: dict[str, Any]) -> None:
-    """Fill `target` (a sharded state dict of the live model or optimizer) in place from the folder."""
+    """Fill `target` (a sharded state dict of the live model or optimizer) in place from the (verified) folder,
+    through readers that run nothing the folder holds (strategies/checkpoint_io/sharded/safe_read.py)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from strategies.checkpoint_io.sharded.safe_read import (
+        SafeFileSystemReader,
+        SafeFsspecReader,
+        SafeLoadPlanner,
+        dcp_failure,
+    )
 
     state = {key: target} if key == "model" else {"optim": {key: target}}
-    if is_remote(folder):
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
-
-        dcp.load(state, storage_reader=FsspecReader(str(folder)))
-        return
-    dcp.load(state, checkpoint_id=str(folder))
+    reader = SafeFsspecReader(str(folder)) if is_remote(folder) else SafeFileSystemReader(str(folder))
+    try:
+        dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner())
+    except CheckpointException as err:  # a BaseException: each rank's cause inside
+        raise dcp_failure(err, str(folder)) from None

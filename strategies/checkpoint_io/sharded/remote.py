@@ -19,7 +19,15 @@ import torch
 from strategies.checkpoint_io import object_store
 from strategies.checkpoint_io.filesystem import get_fs
 from strategies.checkpoint_io.safe_load import safe_load
-from strategies.checkpoint_io.sharded.manifest import MANIFEST, SaveJob, manifest_state
+from strategies.checkpoint_io.sharded.manifest import (
+    MANIFEST,
+    METADATA,
+    SaveJob,
+    listing_problem,
+    manifest_problem,
+    manifest_state,
+    metadata_check,
+)
 from strategies.checkpoint_io.temp_owner import owner_tag
 from strategies.exceptions import CheckpointLoadError, CheckpointSaveError
 
@@ -93,11 +101,20 @@ def verify_remote(url: str) -> tuple[dict[str, Any] | None, str, str]:
         manifest = safe_load(posixpath.join(folder_url, MANIFEST))
     except CheckpointLoadError as err:
         return None, str(err), folder_url
-    for name, expected in manifest.get("sharded_files", {}).items():
-        info = infos.get(name)
-        if info is None:
-            return None, f"{url} is missing the shard file {name}", folder_url
-        if not _matches(fs, info["name"], info, str(expected)):
-            return None, f"{url}: {name} does not match the fingerprint in its manifest (changed or damaged)", \
-                folder_url
+    problem = _problem(fs, manifest, infos, url)
+    if problem is not None:
+        return None, f"{url} was refused before anything in it was unpickled: {problem}", folder_url
     return manifest, "", folder_url
+
+
+def _problem(fs: Any, manifest: Any, infos: dict[str, Any], url: str) -> str | None:
+    """Steps 1-4 of strategies/checkpoint_io/sharded/manifest.py on a store's listing (`infos`, by name)."""
+    present = {name: None if info.get("type") == "directory" else int(info.get("size") or 0)
+               for name, info in infos.items()}
+    problem = manifest_problem(manifest) or listing_problem(manifest["sharded_files"], present)
+    if problem is not None:
+        return problem
+    for name, expected in manifest["sharded_files"].items():
+        if not _matches(fs, infos[name]["name"], infos[name], str(expected)):
+            return f"{name} does not match the fingerprint in its manifest (changed or damaged)"
+    return metadata_check(fs.cat_file(infos[METADATA]["name"]), present, url)

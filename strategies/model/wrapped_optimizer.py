@@ -29,10 +29,19 @@ class StrategyOptimizer:
     `after_closure(optimizer)` (the on_before_optimizer_step hook and clipping), then the optimizer's own step
     through the strategy; `after_step(optimizer, stepped)` tells the Trainer it happened. Everything else
     (param_groups, state, zero_grad, state_dict, ...) is the wrapped optimizer's own.
+
+    `StrategyOptimizer(optimizer)` alone (Lightning's `LightningOptimizer(optimizer)`) also builds the subclass of the
+    optimizer's class; without a strategy, `step` is the optimizer's own step (no Trainer, so no hooks to run).
     """
 
-    def __init__(self, optimizer: Optimizer, strategy: Strategy, after_closure: Callable[[Optimizer], None],
-                 after_step: Callable[[Optimizer, bool], None]) -> None:
+    def __new__(cls, optimizer: Optimizer, *args: Any, **kwargs: Any) -> StrategyOptimizer:
+        if cls is StrategyOptimizer:  # built by hand: an instance of the optimizer's class too, as wrap_optimizer's
+            cls = _wrapper_class(type(optimizer))
+        return object.__new__(cls)
+
+    def __init__(self, optimizer: Optimizer, strategy: Strategy | None = None,
+                 after_closure: Callable[[Optimizer], None] | None = None,
+                 after_step: Callable[[Optimizer, bool], None] | None = None) -> None:
         object.__setattr__(self, "_optimizer", optimizer)
         object.__setattr__(self, "_strategy", strategy)
         object.__setattr__(self, "_after_closure", after_closure)
@@ -46,6 +55,8 @@ class StrategyOptimizer:
     def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         """One optimizer step through the strategy; returns what the closure returned (its first call), if any."""
         optimizer = self._optimizer
+        if self._strategy is None or self._after_closure is None or self._after_step is None:
+            return optimizer.step(closure, **kwargs)  # built by hand, outside a Trainer
         if closure is None:
             self._after_closure(optimizer)
             stepped = self._strategy.optimizer_step(optimizer, None, **kwargs)
@@ -106,11 +117,15 @@ def wrap_optimizer(optimizer: Optimizer, strategy: Strategy, after_closure: Call
                    after_step: Callable[[Optimizer, bool], None], user_class: type | None = None) -> StrategyOptimizer:
     """Wrap `optimizer` (as the strategy set it up) in an instance of a subclass of `user_class`, the class of
     the optimizer `configure_optimizers` returned (default: `optimizer`'s own class)."""
-    base = user_class or type(optimizer)
+    return _wrapper_class(user_class or type(optimizer))(optimizer, strategy, after_closure, after_step)
+
+
+def _wrapper_class(base: type) -> type[StrategyOptimizer]:
+    """The subclass of StrategyOptimizer and `base` (one per optimizer class, cached)."""
     cls = _CLASSES.get(base)
     if cls is None:
         cls = _CLASSES[base] = type(f"Strategy{base.__name__}", (StrategyOptimizer, base), {})
-    return cls(optimizer, strategy, after_closure, after_step)
+    return cls
 
 
 def unwrap_optimizer(optimizer: Any) -> Optimizer:
