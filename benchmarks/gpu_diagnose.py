@@ -107,7 +107,8 @@ def host_ops(work: Workload, precision: str, device: str, warmup: int, steps: in
 
     per_variant: dict[str, dict[str, float]] = {}
     for name, runner in (("raw", run_raw), ("ours", run_ours)):
-        prof = profile(activities=[ProfilerActivity.CPU])
+        # CUDA activity too on a GPU: the runtime's kernel launches (cudaLaunchKernel) are recorded with it
+        prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else []))
         runner(work, precision, device, _Window(warmup, steps, prof.__enter__, lambda p=prof: p.__exit__(None, None,
                                                                                                           None)))
         counts = collections.Counter(event.key for event in prof.key_averages() for _ in range(event.count))
