@@ -134,7 +134,7 @@ def count(variant: str, warmup: int, steps: int, lib: Path, folder: Path) -> dic
         rank0 = subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
                                 f"--callgrind-out-file={out}", f"--log-file={folder / 'valgrind.log'}", *child],
                                env={**env, "RANK": "0", "LOCAL_RANK": "0"}, capture_output=True, text=True,
-                               timeout=1500)
+                               timeout=5400)  # under valgrind on a busy 2-core machine a variant took over 25 min
         rank1_err = rank1.communicate(timeout=120)[1]
     finally:
         rank1.kill()
