@@ -79,6 +79,9 @@ class TrainerProperties:
     """The number of devices (processes) per machine."""
     checkpoint_on_interrupt = property(lambda self: self.fit_state.spec.checkpoint_on_interrupt)
     """The `checkpoint_on_interrupt` flag: whether Ctrl-C saves a checkpoint before the run stops."""
+    ckpt_path = property(lambda self: self.fit_state.ckpt_path)
+    """The checkpoint the running (or last) fit/validate/test/predict loaded, resolved ('last' names the file), or
+    None. Read-only: pass `ckpt_path=` to `fit`, `validate`, `test` or `predict` to choose one."""
 
     # --- state users read ---------------------------------------------------------------------------
     @property

@@ -106,7 +106,7 @@ def test_the_checkpoint_is_a_model_artifact_that_loads(fitted):
 def test_checkpoints_go_to_the_run_folder(fitted, tmp_path):
     trainer, logger, _, _ = fitted
     assert trainer.log_dir == str(tmp_path)  # W&B keeps its own layout: no log_dir
-    assert trainer.checkpoint_callback.dirpath == tmp_path / "runs" / "digits" / logger.version / "checkpoints"
+    assert trainer.checkpoint_callback.dirpath == str(tmp_path / "runs" / "digits" / logger.version / "checkpoints")
 
 
 def test_files_are_copied_into_the_run(tmp_path):

@@ -48,7 +48,8 @@ def build_callbacks(callbacks: Any, spec: RunSpec) -> list[Any]:
                 raise ConfigError(f"callbacks contains {cb!r}, which is not a callbacks.Callback instance.")
     has_checkpoint = bool(instances_of(given, *_CHECKPOINT))
     if has_checkpoint and not spec.enable_checkpointing and not spec.fast_dev_run:
-        raise ConfigError("a ModelCheckpoint callback was given but enable_checkpointing=False; drop one of them.")
+        raise ConfigError("Trainer was configured with `enable_checkpointing=False` but found `ModelCheckpoint` in "
+                          "callbacks: drop one of them.")
     if spec.enable_checkpointing and not has_checkpoint:
         from callbacks.checkpoint import ModelCheckpoint
 
