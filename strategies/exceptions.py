@@ -19,6 +19,11 @@ class MisconfigurationError(TrainerError, ValueError):
     """The user's TrainModule, DataModule or callbacks break the contract (a missing or malformed hook)."""
 
 
+class MetricNotFoundError(MisconfigurationError, RuntimeError):
+    """A callback monitors a metric that was never logged. Also a RuntimeError, the type Lightning's EarlyStopping
+    raises for it, so code that catches that keeps working."""
+
+
 class CheckpointError(TrainerError):
     """A checkpoint could not be saved or loaded. The message names the path and the fix."""
 

@@ -6,6 +6,7 @@ from strategies.exceptions import (
     CheckpointSaveError,
     ConfigError,
     DistributedDesyncError,
+    MetricNotFoundError,
     MisconfigurationError,
     TrainerError,
 )
@@ -16,6 +17,7 @@ __all__ = [
     "CheckpointSaveError",
     "ConfigError",
     "DistributedDesyncError",
+    "MetricNotFoundError",
     "MisconfigurationError",
     "TrainerError",
 ]
