@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from callbacks.base import Callback
     from callbacks.checkpoint import ModelCheckpoint
     from callbacks.device_stats import DeviceStatsMonitor
-    from callbacks.early_stopping import EarlyStopping
+    from callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
     from callbacks.finders import BatchSizeFinder, LearningRateFinder
     from callbacks.finetuning import BackboneFinetuning, BaseFinetuning
     from callbacks.gradient_accumulation import GradientAccumulationScheduler
@@ -39,6 +39,7 @@ _MODULES = {
     "DeviceStatsMonitor": "callbacks.device_stats",
     "EMAWeightAveraging": "callbacks.weight_averaging",
     "EarlyStopping": "callbacks.early_stopping",
+    "EarlyStoppingReason": "callbacks.early_stopping",
     "GradientAccumulationScheduler": "callbacks.gradient_accumulation",
     "LambdaCallback": "callbacks.lambda_function",
     "LearningRateFinder": "callbacks.finders",
@@ -58,7 +59,8 @@ _MODULES = {
 }
 __all__ = [
     "BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter", "BatchSizeFinder", "Callback",
-    "DeviceStatsMonitor", "EMAWeightAveraging", "EarlyStopping", "GradientAccumulationScheduler", "LambdaCallback",
+    "DeviceStatsMonitor", "EMAWeightAveraging", "EarlyStopping", "EarlyStoppingReason", "GradientAccumulationScheduler",
+    "LambdaCallback",
     "LearningRateFinder", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary", "OnExceptionCheckpoint",
     "ProgressBar", "ProgressBarBase", "RichModelSummary", "RichProgressBar", "RichProgressBarTheme",
     "StochasticWeightAveraging", "ThroughputMonitor", "Timer", "WeightAveraging",

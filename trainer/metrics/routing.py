@@ -107,6 +107,11 @@ class MetricsRouter:
         for logger in self.loggers:
             logger.log_metrics(values, step=step)
 
+    def add_callback_metrics(self, values: dict[str, Tensor]) -> None:
+        """Values a callback measured that other callbacks may monitor (LearningRateMonitor's `lr-*`): they join
+        `callback_metrics` only, as in Lightning."""
+        self._callback.update(values)
+
     def send_computed(self, values: dict[str, float], step: int) -> None:
         """Send values a callback computed to the loggers and into `logged_metrics` (Lightning's
         `trainer._logger_connector.log_metrics`, which ThroughputMonitor logs through); nothing without a logger."""
