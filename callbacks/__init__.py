@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from callbacks.swa import StochasticWeightAveraging
     from callbacks.throughput_monitor import ThroughputMonitor
     from callbacks.timer import Timer
+    from callbacks.tqdm_bar import Tqdm
     from callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
 _MODULES = {
@@ -55,6 +56,7 @@ _MODULES = {
     "StochasticWeightAveraging": "callbacks.swa",
     "ThroughputMonitor": "callbacks.throughput_monitor",
     "Timer": "callbacks.timer",
+    "Tqdm": "callbacks.tqdm_bar",
     "WeightAveraging": "callbacks.weight_averaging",
 }
 __all__ = [
@@ -63,7 +65,7 @@ __all__ = [
     "LambdaCallback",
     "LearningRateFinder", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary", "OnExceptionCheckpoint",
     "ProgressBar", "ProgressBarBase", "RichModelSummary", "RichProgressBar", "RichProgressBarTheme",
-    "StochasticWeightAveraging", "ThroughputMonitor", "Timer", "WeightAveraging",
+    "StochasticWeightAveraging", "ThroughputMonitor", "Timer", "Tqdm", "WeightAveraging",
 ]
 
 
