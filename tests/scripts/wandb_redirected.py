@@ -16,7 +16,8 @@ if SIDE == "lightning":
 
     Module, Trainer, WandbLogger = pl.LightningModule, pl.Trainer, pl.loggers.WandbLogger
 else:
-    from trainer import Trainer, TrainModule as Module
+    from trainer import Trainer
+    from trainer import TrainModule as Module
     from trainer.loggers import WandbLogger
 
 
