@@ -8,6 +8,7 @@ from strategies.exceptions import (
     DistributedDesyncError,
     MetricNotFoundError,
     MisconfigurationError,
+    StateKeyCollisionError,
     TrainerError,
 )
 
@@ -19,5 +20,6 @@ __all__ = [
     "DistributedDesyncError",
     "MetricNotFoundError",
     "MisconfigurationError",
+    "StateKeyCollisionError",
     "TrainerError",
 ]
