@@ -49,10 +49,15 @@ def test_timer_takes_lightnings_duration_forms(duration: Any):
 
 
 def test_timer_refuses_bad_arguments():
-    with pytest.raises(ConfigError, match="DD:HH:MM:SS"):
+    with pytest.raises(ConfigError, match="in the format DD:HH:MM:SS"):
         Timer(duration="1 hour")
-    with pytest.raises(ConfigError, match="interval='batch'"):
+    with pytest.raises(ConfigError, match="interval='batch'.*Unsupported parameter value"):
         Timer(interval="batch")
+
+
+def test_timer_says_why_it_stops(capsys: pytest.CaptureFixture):
+    Trainer(max_epochs=100, callbacks=[Timer(duration=timedelta(seconds=0.05))], **QUIET).fit(Slow())
+    assert "Time limit reached. Elapsed time is 0:00:00. Signaling Trainer to stop." in capsys.readouterr().out
 
 
 def test_the_timer_keeps_training_time_across_a_resume(tmp_path: Path):
