@@ -9,7 +9,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from callbacks.base import Callback
+    from callbacks.base import Callback, Checkpoint
     from callbacks.checkpoint import ModelCheckpoint
     from callbacks.device_stats import DeviceStatsMonitor
     from callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
@@ -37,6 +37,7 @@ _MODULES = {
     "BasePredictionWriter": "callbacks.prediction_writer",
     "BatchSizeFinder": "callbacks.finders",
     "Callback": "callbacks.base",
+    "Checkpoint": "callbacks.base",
     "DeviceStatsMonitor": "callbacks.device_stats",
     "EMAWeightAveraging": "callbacks.weight_averaging",
     "EarlyStopping": "callbacks.early_stopping",
@@ -60,7 +61,7 @@ _MODULES = {
     "WeightAveraging": "callbacks.weight_averaging",
 }
 __all__ = [
-    "BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter", "BatchSizeFinder", "Callback",
+    "BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter", "BatchSizeFinder", "Callback", "Checkpoint",
     "DeviceStatsMonitor", "EMAWeightAveraging", "EarlyStopping", "EarlyStoppingReason", "GradientAccumulationScheduler",
     "LambdaCallback",
     "LearningRateFinder", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary", "OnExceptionCheckpoint",

@@ -199,3 +199,8 @@ class Callback:
 
         Read back what `on_save_checkpoint` added.
         """
+
+
+class Checkpoint(Callback):
+    """The base of the callbacks that save checkpoints (ModelCheckpoint, OnExceptionCheckpoint; Lightning's
+    `Checkpoint`): the Trainer runs them after every other callback, so the states they save are final."""

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-from callbacks.base import Callback
+from callbacks.base import Checkpoint
 from callbacks.checkpoint_names import fill_template
 from strategies.checkpoint_io.catalog import find_checkpoints, link_checkpoint
 from strategies.checkpoint_io.filesystem import AnyPath, is_remote, join, list_names, open_file, to_path
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
-class CheckpointFiles(Callback):
+class CheckpointFiles(Checkpoint):
     """Names, versions, writes and removes checkpoint files in `dirpath` (the base of ModelCheckpoint)."""
 
     CHECKPOINT_JOIN_CHAR = "-"

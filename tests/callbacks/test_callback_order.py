@@ -11,6 +11,7 @@ import torch
 from callbacks import (
     BatchSizeFinder,
     Callback,
+    Checkpoint,
     EarlyStopping,
     LearningRateMonitor,
     ModelCheckpoint,
@@ -55,6 +56,15 @@ def test_configure_callbacks_replaces_the_same_types_and_keeps_lightnings_order(
                "callbacks": [bar, lr, given_ckpt]}).fit(model)
     assert model.seen == [bar, lr, stop, summary, ckpt2, ckpt1]
     assert "will override existing callbacks passed to Trainer: ModelCheckpoint" in capsys.readouterr().out
+
+
+def test_a_users_checkpoint_callback_goes_last_too():
+    class Saves(Checkpoint):
+        pass
+
+    saves, bar = Saves(), ProgressBar()
+    assert Trainer(callbacks=[saves, bar], enable_checkpointing=False, enable_model_summary=False).callbacks == \
+        [bar, saves]
 
 
 def test_the_tuners_callbacks_go_first(tmp_path):

@@ -122,3 +122,16 @@ def test_on_exception_checkpoint_needs_one_process():
     with pytest.raises(ConfigError, match="single process"):
         callback.setup(Trainer(devices=2, accelerator="cpu", strategy="ddp"), BoringModel(), "fit")
 
+
+
+def test_on_exception_checkpoint_names_its_file_as_lightning_and_a_good_fit_removes_a_stale_one(tmp_path: Path):
+    class Dotted(OnExceptionCheckpoint):
+        FILE_EXTENSION = ".pt"
+
+    callback = Dotted(tmp_path, filename="failed")
+    assert callback.ckpt_path == str(tmp_path / "failed.pt") and callback.dirpath == tmp_path
+    (tmp_path / "failed.pt").write_bytes(b"from an earlier failure")
+    Trainer(max_steps=1, callbacks=[callback], **QUIET).fit(BoringModel())
+    assert not (tmp_path / "failed.pt").exists()
+    with pytest.raises(ValueError, match="filename cannot be empty"):
+        OnExceptionCheckpoint(tmp_path, filename="")

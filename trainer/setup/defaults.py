@@ -67,7 +67,7 @@ def build_callbacks(callbacks: Any, spec: RunSpec) -> list[Any]:
 
 
 _TUNERS = (("callbacks.finders", "BatchSizeFinder"), ("callbacks.finders", "LearningRateFinder"))
-_SAVERS = (_CHECKPOINT, ("callbacks.on_exception_checkpoint", "OnExceptionCheckpoint"))
+_SAVERS = (("callbacks.base", "Checkpoint"),)  # ModelCheckpoint, OnExceptionCheckpoint, a user's subclass
 
 
 def order_callbacks(callbacks: list[Any]) -> list[Any]:
