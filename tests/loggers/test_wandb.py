@@ -162,3 +162,22 @@ def test_a_redirected_run_writes_lightnings_step_and_epoch_rows(tmp_path):
     assert rows == _rows(theirs)
     assert (("train_loss",), 0, 0) in rows and (("val_loss",), 2, 0) in rows
     assert (("train_mean",), 5, 1) in rows and (("test_loss",), 6, 2) in rows
+
+
+def test_images_tables_text_and_watched_gradients_reach_the_run(tmp_path):
+    """Lightning's WandbLogger methods: log_image (a keyword list per image), log_table, log_text, watch."""
+    logger = WandbLogger(project="media", save_dir=tmp_path, offline=True)
+    model = Logs()
+    logger.log_image("samples", [torch.rand(3, 8, 8), torch.rand(3, 8, 8)], step=0, caption=["a", "b"])
+    logger.log_table("scores", columns=["name", "value"], data=[["x", 1.0]], step=0)
+    logger.log_text("notes", columns=["text"], data=[["hello"]], step=0)
+    with pytest.raises(ValueError, match="caption= has 1 values for 2 items"):
+        logger.log_image("bad", [torch.rand(3, 8, 8), torch.rand(3, 8, 8)], caption=["only one"])
+    logger.watch(model, log="all", log_freq=1)
+    Trainer(**{**FIT, "logger": logger}).fit(model)
+    items = {"/".join(i.nested_key) or i.key: json.loads(i.value_json)
+             for row in of_type(run_file(tmp_path), "history") for i in row.item}
+    assert items["samples/captions"] == ["a", "b"] and items["samples/count"] == 2
+    assert items["scores/_type"] == items["notes/_type"] == "table-file"
+    assert any(k.startswith("gradients/layer.weight") for k in items)
+    assert any(k.startswith("parameters/layer.weight") for k in items)
