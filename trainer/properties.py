@@ -163,6 +163,11 @@ class TrainerProperties:
         return found[0] if found else None
 
     @property
+    def early_stopping_callbacks(self) -> list[Any]:
+        """Every EarlyStopping among the callbacks."""
+        return instances_of(self.callbacks, "callbacks.early_stopping", "EarlyStopping")
+
+    @property
     def early_stopping_callback(self) -> Any:
         """The first EarlyStopping callback, or None."""
         found = instances_of(self.callbacks, "callbacks.early_stopping", "EarlyStopping")

@@ -79,3 +79,24 @@ def test_several_validations_per_epoch_are_each_a_check():
     assert ours.stopped_epoch == 1  # checks at batches 2, 4 of epoch 0 and 2 of epoch 1: a best, then 2 without gain
     assert fit_lightning([theirs], [1.0] * 4, **flags).current_epoch == trainer.current_epoch
     assert (theirs.stopped_epoch, theirs.wait_count) == (ours.stopped_epoch, ours.wait_count)
+
+
+def test_the_trainer_lists_its_early_stopping_callbacks():
+    from trainer import Trainer
+
+    first, second = EarlyStopping("a"), EarlyStopping("b")
+    trainer = Trainer(callbacks=[first, second], enable_progress_bar=False, enable_model_summary=False)
+    assert trainer.early_stopping_callbacks == [first, second] and trainer.early_stopping_callback is first
+
+
+def test_resuming_past_max_epochs_is_refused_naming_both(tmp_path):
+    from callbacks import ModelCheckpoint
+    from strategies.exceptions import ConfigError
+    from tests.helpers.boring import QUIET, BoringModel
+    from trainer import Trainer
+
+    saver = ModelCheckpoint(dirpath=tmp_path)
+    Trainer(**{**QUIET, "enable_checkpointing": True, "max_epochs": 3, "callbacks": [saver]}).fit(BoringModel())
+    with pytest.raises(ConfigError, match=r"restored a checkpoint with current_epoch=3, but you have set "
+                                          r"Trainer\(max_epochs=1\)"):
+        Trainer(**{**QUIET, "max_epochs": 1}).fit(BoringModel(), ckpt_path=saver.best_model_path)
