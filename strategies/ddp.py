@@ -200,8 +200,7 @@ def _device_type(accelerator: Any) -> str | None:
     accelerator object (`CUDAAccelerator()` is "cuda"); None when it names none."""
     if accelerator is None or accelerator == "auto":
         return None
-    name = accelerator if isinstance(accelerator, str) else \
-        type(accelerator).__name__.lower().replace("accelerator", "")
+    name = accelerator if type(accelerator) is str else type(accelerator).__name__.lower().replace("accelerator", "")
     kind = {"gpu": "cuda"}.get(name, name)
     if kind not in ("cpu", "cuda", "mps"):
         raise ConfigError(f"DDPStrategy(accelerator={accelerator!r}): use 'cpu', 'gpu', 'cuda' or 'mps' (or leave it "

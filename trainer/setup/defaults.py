@@ -86,6 +86,8 @@ def check_state_keys(callbacks: list[Any]) -> None:
     Raises:
         StateKeyCollisionError: (a ConfigError and a RuntimeError) naming the type and the fix.
     """
+    if not callbacks:
+        return  # nothing to compare, and `import callbacks` is not needed (a bare Trainer loads no callback module)
     from callbacks.base import Callback
     from trainer.hooks import is_overridden
 
