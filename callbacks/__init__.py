@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from callbacks.progress_base import ProgressBarBase
     from callbacks.rich_model_summary import RichModelSummary
     from callbacks.rich_progress import RichProgressBar, RichProgressBarTheme
+    from callbacks.spike import SpikeDetection, TrainingSpikeException
     from callbacks.swa import StochasticWeightAveraging
     from callbacks.throughput_monitor import ThroughputMonitor
     from callbacks.timer import Timer
@@ -54,9 +55,11 @@ _MODULES = {
     "RichModelSummary": "callbacks.rich_model_summary",
     "RichProgressBar": "callbacks.rich_progress",
     "RichProgressBarTheme": "callbacks.rich_progress",
+    "SpikeDetection": "callbacks.spike",
     "StochasticWeightAveraging": "callbacks.swa",
     "ThroughputMonitor": "callbacks.throughput_monitor",
     "Timer": "callbacks.timer",
+    "TrainingSpikeException": "callbacks.spike",
     "Tqdm": "callbacks.tqdm_bar",
     "WeightAveraging": "callbacks.weight_averaging",
 }
@@ -66,12 +69,22 @@ __all__ = [
     "LambdaCallback",
     "LearningRateFinder", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary", "OnExceptionCheckpoint",
     "ProgressBar", "ProgressBarBase", "RichModelSummary", "RichProgressBar", "RichProgressBarTheme",
-    "StochasticWeightAveraging", "ThroughputMonitor", "Timer", "Tqdm", "WeightAveraging",
+    "SpikeDetection", "StochasticWeightAveraging", "ThroughputMonitor", "Timer", "Tqdm", "TrainingSpikeException",
+    "WeightAveraging",
 ]
+
+
+# Lightning callbacks that have no counterpart here, with what to use instead (a clear ImportError, not a bare one).
+_NOT_HERE = {
+    "ModelPruning": "prune with torch.nn.utils.prune in a callback of your own (e.g. in on_train_epoch_end); see "
+                    "docs/from-lightning.md",
+}
 
 
 def __getattr__(name: str) -> Any:
     module = _MODULES.get(name)
+    if module is None and name in _NOT_HERE:
+        raise ImportError(f"Lightning's {name} is not implemented in callbacks: {_NOT_HERE[name]}.")
     if module is None:
         raise AttributeError(f"module 'callbacks' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
