@@ -51,8 +51,10 @@ class DDPStrategy(ParallelStrategy):
         accelerator: Lightning's: "cpu", "gpu"/"cuda", "mps" or an accelerator object; checked against the
             Trainer's devices (the Trainer's `accelerator=` picks them), a mismatch is a ConfigError.
         parallel_devices: Lightning's name for `devices`.
-        ddp_comm_state, ddp_comm_hook, ddp_comm_wrapper: a DDP communication hook (`ddp_comm_wrapper(hook)` when
-            a wrapper is given) registered on the wrapped model with `register_comm_hook(state, hook)`.
+        ddp_comm_state: the state given to `ddp_comm_hook`.
+        ddp_comm_hook: a DDP communication hook, registered on the wrapped model with
+            `register_comm_hook(ddp_comm_state, hook)`.
+        ddp_comm_wrapper: wraps the hook first (`ddp_comm_wrapper(ddp_comm_hook)`), e.g. to compress in fp16.
         **ddp_kwargs: further DistributedDataParallel options (e.g. `gradient_as_bucket_view=True`); a name
             DistributedDataParallel does not take is a ConfigError here, not a TypeError on every rank later.
 
