@@ -53,7 +53,7 @@ def check_options(save_last: Any, mode: str, save_top_k: int, monitor: str | Non
     if save_last not in (None, True, False, "link"):
         raise ConfigError(f"ModelCheckpoint(save_last={save_last!r}) is not valid: use True, False, None or 'link'.")
     if mode not in ("min", "max"):
-        raise ConfigError(f"ModelCheckpoint(mode={mode!r}): `mode` can be 'min' or 'max' but got {mode!r}.")
+        raise ConfigError(f"ModelCheckpoint(mode={mode!r}): `mode` can be 'min' or 'max' but got {mode}.")
     if save_top_k < -1:
         raise ConfigError(f"ModelCheckpoint: invalid value for save_top_k={save_top_k}. Must be >= -1 (-1 keeps "
                           "every checkpoint, 0 none, k the best k).")
