@@ -353,10 +353,8 @@ class Strategy(ABC):
         rank if one failed."""
 
     def raise_if_any_failed(self, error: str | None) -> None:
-        """Collective: every rank raises CheckpointSaveError if any rank's part of a save failed.
-
-        Called after the except block, never inside it: no collective runs in an exception handler.
-        """
+        """Collective: every rank raises CheckpointSaveError if any rank's part of a save failed. Called after the
+        except block, never inside it: no collective runs in an exception handler."""
         errors = self.all_gather_object(error) if self.world_size > 1 else [error]
         by_message: dict[str, list[int]] = {}
         for rank, err in enumerate(errors):
