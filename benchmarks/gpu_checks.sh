@@ -18,7 +18,7 @@ timeout 170 $PY -m pytest -q -p no:cacheprovider -o addopts="" --timeout 120 \
 echo "gpu tests: exit $?"
 timeout 60 $PY -m pytest -q -p no:cacheprovider -o addopts="" --timeout 50 tests/strategies/test_precision.py -k cuda \
   --junitxml="$OUT/gpu_precision.xml" >> "$OUT/gpu_tests.log" 2>&1
-echo "gpu tests: exit $?"
+echo "gpu precision tests: exit $?"
 timeout 290 $PY benchmarks/gpu.py --mlp-rounds 5 --out "$OUT/gpu.json" > "$OUT/gpu.log" 2>&1
 echo "gpu.py: exit $?"
 timeout 80 $PY benchmarks/gpu_diagnose.py --out "$OUT/gpu_diagnose.json" > "$OUT/gpu_diagnose.log" 2>&1
