@@ -2,17 +2,18 @@
 noise that two ranks on two shared cores put into its time.
 
 `ddp.py` times our Trainer against the tutorial's DDP script on 2 gloo ranks, and on 2 cores the rounds of that
-comparison swing by more than its 3 % target. This script counts instead. For each variant (the raw script, ours) it
-starts the two ranks as separate processes that meet through torch's env rendezvous (`MASTER_ADDR`, `RANK`, ...):
-rank 1 runs plainly, rank 0 under `valgrind --tool=callgrind --instr-atstart=no --separate-threads=yes`.
-Instrumentation goes on at rank 0's first counted step and off after its last (the client requests of
-`callgrind_marks.c`, as in instructions.py), so the counts cover exactly those steps, in every thread of rank 0: the
-main thread that runs the step, and gloo's threads that carry the gradient all-reduce and our per-step agreement.
-Both ranks leave with `os._exit` after the last counted step: nothing after it is measured, and a slow teardown
-under valgrind is not waited for.
+comparison swing by more than its 3 % target. This script counts instead. For each variant (the raw script, ours,
+Lightning when installed) it starts the two ranks as separate processes that meet through torch's env rendezvous
+(`MASTER_ADDR`, `RANK`, ...): rank 1 runs plainly, rank 0 under `valgrind --tool=callgrind --instr-atstart=no
+--separate-threads=yes`. Instrumentation goes on at rank 0's first counted step and off after its last (the client
+requests of `callgrind_marks.c`, as in instructions.py), so the counts cover exactly those steps, in every thread of
+rank 0: the main thread that runs the step, and gloo's threads that carry the gradient all-reduce and our per-step
+agreement. Both ranks leave with `os._exit` after the last counted step: nothing after it is measured, and a slow
+teardown under valgrind is not waited for.
 
 Ours runs `Trainer(strategy="ddp", devices=2)` from the env rendezvous (as under torchrun), not `ddp_spawn`:
 valgrind follows one process, and spawning the ranks from inside it would put both under it. The step is the same.
+Lightning's `Trainer(strategy="ddp", devices=2)` likewise: with `LOCAL_RANK` set it launches nothing itself.
 
 Rank 0 runs about 50 times slower under callgrind, so rank 1 waits for it in every all-reduce; what is counted is
 work, not waiting. Not part of `make bench`: each variant takes about 8-9 minutes on one core of the development
@@ -39,7 +40,8 @@ from common import child_env, figure
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "ddp_instructions.json"
-VARIANTS = {"raw": "raw DDP script, rank 0", "ours": "ours, strategy='ddp', rank 0"}
+VARIANTS = {"raw": "raw DDP script, rank 0", "ours": "ours, strategy='ddp', rank 0",
+            "lightning": "Lightning, strategy='ddp', rank 0"}
 _TOTALS = re.compile(r"^totals: (\d+)$", re.MULTILINE)
 _MAIN = re.compile(r"^desc: Trigger: Client Request: \w+$", re.MULTILINE)
 
@@ -76,6 +78,8 @@ def run_rank(variant: str, warmup: int, steps: int, lib_path: str) -> None:
 
         dist.init_process_group("gloo")
         ddp.raw_loop(rank, dist.get_world_size(), cfg, MarkingClock())
+    elif variant == "lightning":
+        _run_lightning(cfg, MarkingClock())
     else:
         from callbacks import Callback
         from trainer import Trainer
@@ -91,6 +95,27 @@ def run_rank(variant: str, warmup: int, steps: int, lib_path: str) -> None:
                           **ddp.TRAINER_FLAGS)
         trainer.fit(ddp.BenchModule(cfg))
     raise SystemExit(f"{variant}: the data ended before step {warmup + steps}")
+
+
+def _run_lightning(cfg: Any, clock: Any) -> None:
+    """Lightning's `Trainer(strategy="ddp", devices=2)` on ddp.py's workload, from the env rendezvous: with LOCAL_RANK
+    set, Lightning takes the processes as launched from outside (as under torchrun) and starts none."""
+    import logging
+
+    import ddp
+    import lightning.pytorch as pl
+    from _ddp_lightning import LitBenchModule
+
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+    class Marking(pl.Callback):
+        def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            clock.tick()
+
+    trainer = pl.Trainer(devices=ddp.WORLD_SIZE, strategy="ddp", max_epochs=1, callbacks=[Marking()],
+                         **ddp.TRAINER_FLAGS)
+    trainer.fit(LitBenchModule(cfg, ddp.make_mlp, ddp.make_data))
 
 
 # --- the parent ---------------------------------------------------------------------------------------------------
@@ -109,7 +134,7 @@ def count(variant: str, warmup: int, steps: int, lib: Path, folder: Path) -> dic
         rank0 = subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
                                 f"--callgrind-out-file={out}", f"--log-file={folder / 'valgrind.log'}", *child],
                                env={**env, "RANK": "0", "LOCAL_RANK": "0"}, capture_output=True, text=True,
-                               timeout=1500)
+                               timeout=5400)  # under valgrind on a busy 2-core machine a variant took over 25 min
         rank1_err = rank1.communicate(timeout=120)[1]
     finally:
         rank1.kill()
@@ -129,22 +154,39 @@ def per_step(dumps: list[str], steps: int) -> dict[str, float]:
     return {"main": main[0] / steps, "all": sum(int(t) for d in dumps for t in _TOTALS.findall(d)) / steps}
 
 
-def figures_for(counts: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
+def measure(variants: list[str], warmup: int, steps: int, lib: Path, folder: Path) -> dict[str, dict[str, float]]:
+    """Rank 0's counts per variant, one 2-rank run each (instructions.py's `--ddp` calls this too)."""
+    return {variant: count(variant, warmup, steps, lib, folder) for variant in variants}
+
+
+def figures_for(counts: dict[str, dict[str, float]], prefix: str = "") -> list[dict[str, Any]]:
+    """Every thread's and the main thread's counts, each against the raw script's; names start with `prefix`."""
     raw = counts["raw"]
     out = []
     for part, words in (("all", "every thread"), ("main", "the main thread")):
-        out.append(figure(f"raw_{part}", f"{VARIANTS['raw']}, {words}", [raw[part]], "instructions/step",
+        out.append(figure(f"{prefix}raw_{part}", f"{VARIANTS['raw']}, {words}", [raw[part]], "instructions/step",
                           role="baseline"))
-        value = counts["ours"][part]
-        out.append(figure(f"ours_{part}", f"{VARIANTS['ours']}, {words}", [value], "instructions/step", role="ours",
-                          baseline=f"raw_{part}", ratios=[value / raw[part]], deltas=[value - raw[part]]))
+        for variant in (v for v in counts if v != "raw"):
+            value = counts[variant][part]
+            role = "lightning" if variant == "lightning" else "ours"
+            out.append(figure(f"{prefix}{variant}_{part}", f"{VARIANTS[variant]}, {words}", [value],
+                              "instructions/step", role=role, baseline=f"{prefix}raw_{part}",
+                              ratios=[value / raw[part]], deltas=[value - raw[part]]))
     return out
+
+
+def chosen_variants(with_lightning: bool) -> list[str]:
+    """raw and ours, and Lightning when asked for and installed."""
+    from common import lightning_version
+
+    return ["raw", "ours"] + (["lightning"] if with_lightning and lightning_version() is not None else [])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20, help="steps counted (default 20)")
     parser.add_argument("--warmup", type=int, default=10, help="steps run before counting (default 10)")
+    parser.add_argument("--no-lightning", action="store_true", help="skip Lightning even when it is installed")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results file (default {DEFAULT_OUT})")
     parser.add_argument("--rank-of", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--lib", default=None, help=argparse.SUPPRESS)
@@ -162,20 +204,21 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"ddp_instructions.py needs {', '.join(missing)}", file=sys.stderr)
         return 2
-    from common import machine_info, write_result
+    from common import lightning_version, machine_info, write_result
     from tables import figures_table
 
     started = time.perf_counter()
+    variants = chosen_variants(not args.no_lightning)
     with tempfile.TemporaryDirectory(prefix="ddp-instructions-") as tmp:
         folder = Path(tmp)
-        lib = build_marks(folder)
-        counts = {variant: count(variant, args.warmup, args.steps, lib, folder) for variant in VARIANTS}
+        counts = measure(variants, args.warmup, args.steps, build_marks(folder), folder)
     figures = figures_for(counts)
     config = {"warmup_steps": args.warmup, "counted_steps": args.steps, "ranks": 2, "counted_rank": 0,
               "model": "MLP 256-1024-1024-10, SGD, batch 64 per rank, 1 thread (ddp.py's workload)",
               "tool": "valgrind --tool=callgrind --separate-threads=yes"}
     write_result(args.out, "ddp_instructions", figures, mode="full", config=config,
-                 elapsed_s=time.perf_counter() - started, machine=machine_info(valgrind=valgrind_version()))
+                 elapsed_s=time.perf_counter() - started,
+                 machine=machine_info(valgrind=valgrind_version(), lightning=lightning_version()))
     print(figures_table(figures))
     return 0
 

@@ -105,7 +105,8 @@ def summary_block(results: dict[str, dict[str, Any]], suite: dict[str, Any]) -> 
 def overhead_extra(result: dict[str, Any]) -> list[str]:
     """CPU-time ratios; and where the time goes, under cProfile, when an overhead target is missed."""
     lines = []
-    cpu = [f"{r['label']} {r['cpu_step_ratio']:.3f}x" for r in result.get("results", []) if r["name"] != "raw"]
+    cpu = [f"{r['label']} {r['cpu_step_ratio']:.3f}x" for r in result.get("results", [])
+           if not r["name"].startswith("raw")]
     if cpu:
         lines += ["Per-thread CPU time per step against the raw loop's (medians over rounds; other processes on "
                   "the machine inflate wall time but hardly CPU time): " + ", ".join(cpu) + ".", ""]
@@ -136,7 +137,39 @@ def import_extra(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-EXTRAS = {"overhead": overhead_extra, "import_time": import_extra}
+def scale_extra(result: dict[str, Any]) -> list[str]:
+    """Every figure of the scale study per world size, and its slope extrapolated to 64 and 512 ranks."""
+    summary, trend = result.get("summary"), result.get("trend", {})
+    if not summary:
+        return []
+    lines = ["Per rank (the largest rank's where ranks differ; CPU time: the median rank's). CPU µs: the main "
+             "thread's per steady step, ours and the raw script's (8 ranks share 2 cores: the noise is milliseconds, "
+             "so read the lines column, which is exact). Sent: MiB per step, ours / raw / formula. Launch: seconds "
+             "to the first step, ours / raw.", "",
+             "| strategy | ranks | model state MiB (formula) | CPU µs ours / raw | our lines per step | sent MiB "
+             "(ours / raw / formula) | launch s (ours / raw) |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for case, rows in summary.items():
+        for r in rows:
+            launch = f"{r['launch_s_ours']:.1f} / {r['launch_s_raw']:.1f}" if "launch_s_ours" in r else "–"
+            lines.append(f"| {case} | {r['world']} | {r['model_state_mib']:.2f} ({r['formula_mib']:.2f}) | "
+                         f"{r['cpu_us_ours']:,.0f} / {r['cpu_us_raw']:,.0f} | {r['our_lines_per_step']:.0f} | "
+                         f"{r['sent_mib_ours']:.2f} / {r['sent_mib_raw']:.2f} / {r['sent_mib_formula']:.2f} | "
+                         f"{launch} |")
+    words = {"cpu_us_beyond_raw": "CPU µs per step beyond raw", "our_lines_per_step": "our lines per step",
+             "sent_mib_beyond_raw": "MiB sent per step beyond raw", "launch_s_beyond_raw": "launch s beyond raw"}
+    lines += ["", "The line through the world sizes above 1 (least squares), extrapolated, for what is exact (CPU time "
+              "and launch are shown above, not extrapolated: on 2 cores their noise is far above what our code adds):",
+              "",
+              "| strategy | figure | per added rank | at 64 ranks | at 512 ranks |", "|---|---|---:|---:|---:|"]
+    for case, figures in trend.items():
+        for key, t in figures.items():
+            lines.append(f"| {case} | {words.get(key, key)} | {t['per_rank']:+.3g} | {fmt(t['at_64'])} | "
+                         f"{fmt(t['at_512'])} |")
+    lines += ["", "![The scale study against the world size](img/scale_world.png)"]
+    return lines
+
+
+EXTRAS = {"overhead": overhead_extra, "import_time": import_extra, "scale": scale_extra}
 
 
 def section_block(bench: Benchmark, result: dict[str, Any] | None, status: str | None, img: str | None) -> str:

@@ -3,6 +3,7 @@
     python benchmarks/run_all.py                    # the full suite (what `make bench` runs; <= 15 min on 2 cores)
     python benchmarks/run_all.py --quick            # smaller and fewer rounds (< 3 min; CI runs it)
     python benchmarks/run_all.py --only overhead,import_time
+    python benchmarks/run_all.py --only scale       # a study outside `make bench` (scale.py: about 10 minutes)
     python benchmarks/run_all.py --report           # no runs: regenerate the docs from the results there are
     python benchmarks/run_all.py --quick --results-dir /tmp/r --no-docs   # leave the repo untouched
     python benchmarks/run_all.py --quick --jobs 2   # two at once: a smoke run only (CI's test does this)
@@ -119,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
               "down, so their figures are not comparable)", file=sys.stderr)
         return 2
     args.results_dir = args.results_dir.resolve()  # the benchmarks run inside it
-    benches = by_name([n.strip() for n in args.only.split(",") if n.strip()]) if args.only else list(BENCHMARKS)
+    benches = by_name([n.strip() for n in args.only.split(",") if n.strip()]) if args.only else \
+        [b for b in BENCHMARKS if b.in_suite]
     failed: list[str] = []
     if not args.report:
         summary = run_suite(benches, args.quick, args.results_dir, args.jobs)

@@ -10,10 +10,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from callbacks.base import Callback
+    from callbacks.base import Callback, Checkpoint
     from callbacks.checkpoint import ModelCheckpoint
     from callbacks.device_stats import DeviceStatsMonitor
-    from callbacks.early_stopping import EarlyStopping
+    from callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
     from callbacks.finders import BatchSizeFinder, LearningRateFinder
     from callbacks.finetuning import BackboneFinetuning, BaseFinetuning
     from callbacks.gradient_accumulation import GradientAccumulationScheduler
@@ -26,9 +26,11 @@ if TYPE_CHECKING:
     from callbacks.progress_base import ProgressBarBase
     from callbacks.rich_model_summary import RichModelSummary
     from callbacks.rich_progress import RichProgressBar, RichProgressBarTheme
+    from callbacks.spike import SpikeDetection, TrainingSpikeException
     from callbacks.swa import StochasticWeightAveraging
     from callbacks.throughput_monitor import ThroughputMonitor
     from callbacks.timer import Timer
+    from callbacks.tqdm_bar import Tqdm
     from callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
 _MODULES = {
@@ -37,9 +39,11 @@ _MODULES = {
     "BasePredictionWriter": "callbacks.prediction_writer",
     "BatchSizeFinder": "callbacks.finders",
     "Callback": "callbacks.base",
+    "Checkpoint": "callbacks.base",
     "DeviceStatsMonitor": "callbacks.device_stats",
     "EMAWeightAveraging": "callbacks.weight_averaging",
     "EarlyStopping": "callbacks.early_stopping",
+    "EarlyStoppingReason": "callbacks.early_stopping",
     "GradientAccumulationScheduler": "callbacks.gradient_accumulation",
     "LambdaCallback": "callbacks.lambda_function",
     "LearningRateFinder": "callbacks.finders",
@@ -52,18 +56,25 @@ _MODULES = {
     "RichModelSummary": "callbacks.rich_model_summary",
     "RichProgressBar": "callbacks.rich_progress",
     "RichProgressBarTheme": "callbacks.rich_progress",
+    "SpikeDetection": "callbacks.spike",
     "StochasticWeightAveraging": "callbacks.swa",
     "ThroughputMonitor": "callbacks.throughput_monitor",
     "Timer": "callbacks.timer",
+    "TrainingSpikeException": "callbacks.spike",
+    "Tqdm": "callbacks.tqdm_bar",
     "WeightAveraging": "callbacks.weight_averaging",
 }
 __all__ = [
-    "BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter", "BatchSizeFinder", "Callback",
-    "DeviceStatsMonitor", "EMAWeightAveraging", "EarlyStopping", "GradientAccumulationScheduler", "LambdaCallback",
+    "BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter", "BatchSizeFinder", "Callback", "Checkpoint",
+    "DeviceStatsMonitor", "EMAWeightAveraging", "EarlyStopping", "EarlyStoppingReason", "GradientAccumulationScheduler",
+    "LambdaCallback",
     "LearningRateFinder", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary", "OnExceptionCheckpoint",
     "ProgressBar", "ProgressBarBase", "RichModelSummary", "RichProgressBar", "RichProgressBarTheme",
-    "StochasticWeightAveraging", "ThroughputMonitor", "Timer", "WeightAveraging",
+    "SpikeDetection", "StochasticWeightAveraging", "ThroughputMonitor", "Timer", "Tqdm", "TrainingSpikeException",
+    "WeightAveraging",
 ]
+
+
 
 
 def __getattr__(name: str) -> Any:

@@ -34,8 +34,16 @@ class Callback:
 
     @property
     def state_key(self) -> str:
-        """Key of this callback's state in a checkpoint; include constructor arguments to allow duplicates."""
+        """Key of this callback's state in a checkpoint; include constructor arguments to allow duplicates (see
+        `_generate_state_key`). Two callbacks with a state (`state_dict` overridden) may not share one."""
         return type(self).__qualname__
+
+    def _generate_state_key(self, **kwargs: Any) -> str:
+        """A `state_key` made of the class name and the arguments that tell instances apart, written as Lightning
+        writes it (`"EarlyStopping{'monitor': 'val_loss', 'mode': 'min'}"`), so a checkpoint's `callbacks` keys are
+        the same under both. Lightning documents this helper for user callbacks that can appear more than once:
+        `return self._generate_state_key(what=self.what)`."""
+        return f"{type(self).__qualname__}{kwargs!r}"
 
     def state_dict(self) -> dict[str, Any]:
         """State to save in checkpoints under `state_key` (tensors and primitives only); `{}` saves nothing."""
@@ -191,3 +199,8 @@ class Callback:
 
         Read back what `on_save_checkpoint` added.
         """
+
+
+class Checkpoint(Callback):
+    """The base of the callbacks that save checkpoints (ModelCheckpoint, OnExceptionCheckpoint; Lightning's
+    `Checkpoint`): the Trainer runs them after every other callback, so the states they save are final."""

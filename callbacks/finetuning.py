@@ -128,9 +128,10 @@ class BaseFinetuning(Callback):
         kept = [p for p in params if id(p) not in held]
         if len(kept) < len(params):
             rank_zero_warn(
-                f"{len(params) - len(kept)} of the parameters to unfreeze are already in the optimizer and are "
-                f"skipped. Build it over the trainable parameters only: {type(optimizer).__name__}(filter(lambda p: "
-                "p.requires_grad, self.parameters()), ...)."
+                f"The provided params to be frozen already exist within another group of this optimizer: "
+                f"{len(params) - len(kept)} of them are skipped. Did you init your optimizer in configure_optimizers "
+                f"over the trainable parameters only, as {type(optimizer).__name__}(filter(lambda p: p.requires_grad, "
+                "self.parameters()), ...)?"
             )
         return kept
 

@@ -21,24 +21,20 @@ NAMES: dict[str, Row] = {
     "LearningRateFinder": same("callbacks.finders", "callbacks", "callbacks.lr_finder"),
     "DeviceStatsMonitor": same("callbacks.device_stats", "callbacks", "callbacks.device_stats_monitor"),
     "EarlyStopping": same("callbacks.early_stopping", "callbacks", "callbacks.early_stopping"),
-    "EarlyStoppingReason": refused("EarlyStopping.stopping_reason holds the reason as a message here (None while "
-                                   "not stopped)", "callbacks.early_stopping"),
+    "EarlyStoppingReason": same("callbacks.early_stopping", "callbacks.early_stopping"),
     "GradientAccumulationScheduler": same("callbacks.gradient_accumulation", "callbacks",
                                           "callbacks.gradient_accumulation_scheduler"),
     "LambdaCallback": same("callbacks.lambda_function", "callbacks", "callbacks.lambda_function"),
     "LearningRateMonitor": same("callbacks.lr_monitor", "callbacks", "callbacks.lr_monitor"),
     "ModelCheckpoint": same("callbacks.checkpoint", "callbacks", "callbacks.model_checkpoint"),
-    "Checkpoint": refused("there is no separate base class of checkpointing callbacks: subclass ModelCheckpoint (the "
-                          "Trainer runs ModelCheckpoint callbacks after the others) or Callback",
-                          "callbacks", "callbacks.checkpoint"),
+    "Checkpoint": same("callbacks.base", "callbacks", "callbacks.checkpoint"),
     "OnExceptionCheckpoint": same("callbacks.on_exception_checkpoint", "callbacks",
                                   "callbacks.on_exception_checkpoint"),
     "ModelSummary": same("callbacks.model_summary", "callbacks", "callbacks.model_summary"),
     "RichModelSummary": same("callbacks.rich_model_summary", "callbacks", "callbacks.rich_model_summary"),
     "ModelPruning": refused("prune in a callback of your own with torch.nn.utils.prune (e.g. l1_unstructured in "
                             "on_train_epoch_end)", "callbacks", "callbacks.pruning"),
-    "SpikeDetection": refused("watch the loss in a callback of your own (on_train_batch_end's `outputs`) and set "
-                              "trainer.should_stop, or raise", "callbacks", "callbacks.spike"),
+    "SpikeDetection": same("callbacks.spike", "callbacks", "callbacks.spike"),
     "ProgressBar": ours("callbacks.progress", "", "the contract renames TQDMProgressBar to ProgressBar, so "
                         "ProgressBar is the tqdm bar here; Lightning's abstract ProgressBar is ProgressBarBase",
                         "callbacks", "callbacks.progress", "callbacks.progress.progress_bar"),
@@ -46,7 +42,7 @@ NAMES: dict[str, Row] = {
                             "callbacks.progress.tqdm_progress"),
     "get_standard_metrics": refused("ProgressBarBase.get_metrics(trainer, module) returns `v_num` with the "
                                     "progress-bar metrics", "callbacks.progress.progress_bar"),
-    "Tqdm": refused("ProgressBar draws with tqdm.tqdm itself", "callbacks.progress.tqdm_progress"),
+    "Tqdm": same("callbacks.tqdm_bar", "callbacks.progress.tqdm_progress"),
     "convert_inf": refused("ProgressBar gives tqdm no total for a loader without length itself",
                            "callbacks.progress.tqdm_progress"),
     "RichProgressBar": same("callbacks.rich_progress", "callbacks", "callbacks.progress",

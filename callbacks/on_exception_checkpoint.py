@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from callbacks.base import Callback
-from strategies.checkpoint_io.filesystem import AnyPath, join, to_path
+from callbacks.base import Checkpoint
+from strategies.checkpoint_io.filesystem import join, to_path
 from strategies.exceptions import ConfigError
 
 if TYPE_CHECKING:
@@ -14,13 +14,20 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
-class OnExceptionCheckpoint(Callback):
-    """Write `<dirpath>/<filename>.ckpt` when a run ends with an exception, to resume from it later
-    (`fit(ckpt_path=callback.ckpt_path)`).
+class OnExceptionCheckpoint(Checkpoint):
+    """Write `<dirpath>/<filename>.ckpt` when fit ends with an exception, to resume from it later
+    (`fit(ckpt_path=callback.ckpt_path)`); a run that ends well removes it (a stale one from an earlier failure).
 
     Saving is a collective, and after an exception the other ranks may be elsewhere or gone, so this callback runs
     with one process only; with several, `Trainer(checkpoint_on_interrupt=True)` and the preemption handling save
     together on every rank (docs/reliability.md).
+
+    Args:
+        dirpath: the folder (local or a URL), kept as given.
+        filename: the file name without its extension (`FILE_EXTENSION`).
+
+    Raises:
+        ValueError: an empty `filename`.
 
     Example:
         ```python
@@ -28,13 +35,18 @@ class OnExceptionCheckpoint(Callback):
         ```
     """
 
+    FILE_EXTENSION = ".ckpt"
+    """The extension of the file, after `filename`."""
+
     def __init__(self, dirpath: str | Path, filename: str = "on_exception") -> None:
-        self.dirpath: AnyPath = to_path(dirpath)
+        if not filename:
+            raise ValueError("OnExceptionCheckpoint(filename=''): the filename cannot be empty.")
+        self.dirpath = dirpath
         self.filename = filename
 
     @property
     def ckpt_path(self) -> str:
-        return str(join(self.dirpath, f"{self.filename}.ckpt"))
+        return str(join(to_path(self.dirpath), self.filename + self.FILE_EXTENSION))
 
     def setup(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
         if trainer.world_size > 1:
@@ -46,3 +58,7 @@ class OnExceptionCheckpoint(Callback):
     def on_exception(self, trainer: Trainer, pl_module: TrainModule, exception: BaseException) -> None:
         if trainer.state.fn is not None and trainer.state.fn.value == "fit":
             trainer.save_checkpoint(self.ckpt_path)
+
+    def teardown(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:
+        if trainer.state.status != "interrupted" and stage == "fit":  # a fit that ended well: no failure to resume
+            trainer.strategy.remove_checkpoint(to_path(self.ckpt_path))

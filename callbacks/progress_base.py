@@ -81,6 +81,26 @@ class ProgressBarBase(Callback):
         return self._current(trainer.num_sanity_val_batches if trainer.sanity_checking else trainer.num_val_batches)
 
     @property
+    def total_val_batches(self) -> int | float:
+        """Validation batches of this epoch over every val loader: 0 in an epoch without validation
+        (`check_val_every_n_epoch`); may be `inf`."""
+        trainer = self.trainer
+        every = trainer.check_val_every_n_epoch
+        if every is not None and (trainer.current_epoch + 1) % every != 0:
+            return 0
+        return sum(trainer.num_val_batches)
+
+    def has_dataloader_changed(self, dataloader_idx: int) -> bool:
+        """Record `dataloader_idx` as the evaluation loader now shown; True when it differs from the previous one."""
+        changed = self._loader != dataloader_idx
+        self._loader = dataloader_idx
+        return changed
+
+    def reset_dataloader_idx_tracker(self) -> None:
+        """Forget the evaluation loader shown (the next batch opens a new bar)."""
+        self._loader = None
+
+    @property
     def total_test_batches_current_dataloader(self) -> int | float:
         return self._current(self.trainer.num_test_batches)
 

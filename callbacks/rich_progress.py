@@ -14,7 +14,7 @@ from callbacks.progress_base import TRAIN, ProgressBarBase
 from callbacks.rich_model_summary import _require_rich
 
 if TYPE_CHECKING:
-    pass
+    from trainer.trainer import Trainer
 
 
 @dataclass
@@ -108,6 +108,7 @@ class RichProgressBar(ProgressBarBase):
         self.progress: Any = None  # the rich.progress.Progress of the running stage (kept after it stops)
         self._stopped = True
         self._ids: dict[str, Any] = {}
+        self._kind_ids: dict[str, Any] = {}  # the latest task of each kind: sanity, val, test, predict
         self._metrics: dict[str, Any] = {}
         self._drawn_at = 0.0
 
@@ -123,6 +124,38 @@ class RichProgressBar(ProgressBarBase):
     def train_progress_bar_id(self) -> Any:
         """The rich task id of the training bar (None before the first epoch)."""
         return self._ids.get(TRAIN)
+
+    val_sanity_progress_bar_id = property(lambda self: self._kind_ids.get("sanity"),
+                                          doc="The rich task id of the sanity-check bar, or None.")
+    val_progress_bar_id = property(lambda self: self._kind_ids.get("val"),
+                                   doc="The rich task id of the latest validation bar, or None.")
+    test_progress_bar_id = property(lambda self: self._kind_ids.get("test"),
+                                    doc="The rich task id of the latest test bar, or None.")
+    predict_progress_bar_id = property(lambda self: self._kind_ids.get("predict"),
+                                       doc="The rich task id of the latest predict bar, or None.")
+    train_progress_bar = property(lambda self: self._task(self.train_progress_bar_id),
+                                  doc="The rich `Task` of the training bar.")
+    val_sanity_check_bar = property(lambda self: self._task(self.val_sanity_progress_bar_id),
+                                    doc="The rich `Task` of the sanity-check bar.")
+    val_progress_bar = property(lambda self: self._task(self.val_progress_bar_id),
+                                doc="The rich `Task` of the latest validation bar.")
+    test_progress_bar = property(lambda self: self._task(self.test_progress_bar_id),
+                                 doc="The rich `Task` of the latest test bar.")
+
+    def _task(self, task_id: Any) -> Any:
+        if task_id is None or self.progress is None:
+            raise TypeError(f"{type(self).__name__}: that bar has not been shown yet.")
+        return next(task for task in self.progress.tasks if task.id == task_id)
+
+    def configure_columns(self, trainer: Trainer) -> list[Any]:
+        """The rich columns of every bar (description, bar, batches, times, speed, and the training metrics);
+        override to draw other ones."""
+        return _columns(self.theme, self)
+
+    def refresh(self) -> None:
+        """Redraw the bars now."""
+        if self.progress is not None and not self._stopped:
+            self._draw()
 
     def train_epoch_description(self, epoch: int) -> str:
         """Lightning's "Epoch N/last", padded to the width of "Validation" so the bars do not jump."""
@@ -156,10 +189,10 @@ class RichProgressBar(ProgressBarBase):
         from rich.progress import Progress
 
         console = Console(**self._console_kwargs)
-        self.progress = Progress(*_columns(self.theme, self), console=console, auto_refresh=False)
+        self.progress = Progress(*self.configure_columns(self.trainer), console=console, auto_refresh=False)
         self.progress.start()
         self._stopped = False
-        self._ids = {}
+        self._ids, self._kind_ids = {}, {}
 
     def _draw(self) -> None:
         self._drawn_at = time.monotonic()
@@ -179,7 +212,15 @@ class RichProgressBar(ProgressBarBase):
             if task is not None:
                 self.progress.update(task, visible=False)
             self._ids[role] = self.progress.add_task(description, total=size)
+            if role != TRAIN:
+                self._kind_ids[self._eval_kind()] = self._ids[role]
         self._draw()
+
+    def _eval_kind(self) -> str:
+        trainer = self.trainer
+        if trainer.sanity_checking:
+            return "sanity"
+        return "test" if trainer.testing else "predict" if trainer.predicting else "val"
 
     def _advance(self, role: str, completed: int) -> bool:
         task = self._ids.get(role)

@@ -86,6 +86,7 @@ class StochasticWeightAveraging(Callback):
         self._has_batch_norm = False
         self._latest_update_epoch = -1
         self._restored: dict[str, Any] | None = None  # this callback's state from a checkpoint, until it is applied
+        self.momenta: dict[nn.Module, Any] = {}  # BatchNorm momenta kept during the BatchNorm pass
 
     # --- Lightning's read-only schedule ---------------------------------------------------------------
     @property
@@ -108,6 +109,47 @@ class StochasticWeightAveraging(Callback):
     @staticmethod
     def pl_module_contains_batch_norm(pl_module: nn.Module) -> bool:
         return any(isinstance(module, _BATCH_NORMS) for module in pl_module.modules())
+
+    # --- Lightning's helpers, public there (the callback's own average runs on torch's AveragedModel) ---------
+    @staticmethod
+    def avg_fn(averaged_model_parameter: Tensor, model_parameter: Tensor, num_averaged: Tensor) -> Tensor:
+        """The running mean: the average so far moved 1/(n+1) of the way to the new value."""
+        return averaged_model_parameter + (model_parameter - averaged_model_parameter) / (num_averaged + 1)
+
+    @staticmethod
+    def update_parameters(average_model: nn.Module, model: nn.Module, n_averaged: Tensor,
+                          avg_fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> None:
+        """Fold `model`'s parameters into `average_model`'s with `avg_fn` (a copy for the first), then count it in
+        `n_averaged` (in place)."""
+        for averaged, current in zip(average_model.parameters(), model.parameters(), strict=True):
+            current_value = current.detach().to(averaged.device)
+            averaged.detach().copy_(current_value if n_averaged == 0 else
+                                    avg_fn(averaged.detach(), current_value, n_averaged.to(averaged.device)))
+        n_averaged += 1
+
+    @staticmethod
+    def transfer_weights(src_pl_module: nn.Module, dst_pl_module: nn.Module) -> None:
+        """Copy `src_pl_module`'s parameters into `dst_pl_module`'s (same layout)."""
+        with torch.no_grad():
+            for source, target in zip(src_pl_module.parameters(), dst_pl_module.parameters(), strict=True):
+                target.copy_(source.to(target.device))
+
+    def reset_batch_norm_and_save_state(self, pl_module: nn.Module) -> None:
+        """Before the BatchNorm pass: every BatchNorm's statistics reset and its momentum None (a cumulative mean),
+        the momenta kept in `momenta` for `reset_momenta`."""
+        self.momenta = {}
+        for norm in (m for m in pl_module.modules() if isinstance(m, _BATCH_NORMS)):
+            assert norm.running_mean is not None and norm.running_var is not None
+            assert norm.num_batches_tracked is not None
+            norm.running_mean.zero_()
+            norm.running_var.fill_(1)
+            norm.num_batches_tracked.zero_()
+            self.momenta[norm], norm.momentum = norm.momentum, None
+
+    def reset_momenta(self) -> None:
+        """After the BatchNorm pass: the momenta `reset_batch_norm_and_save_state` kept, back in place."""
+        for norm, momentum in self.momenta.items():
+            norm.momentum = momentum
 
     # --- set-up ---------------------------------------------------------------------------------------------
     def _averaged(self, pl_module: TrainModule) -> AveragedModel:
@@ -195,22 +237,13 @@ class StochasticWeightAveraging(Callback):
 
     def _transfer(self, pl_module: TrainModule) -> None:
         assert self._average is not None
-        with torch.no_grad():
-            for average, current in zip(self._average.module.parameters(), pl_module.parameters(), strict=True):
-                current.copy_(average)
+        self.transfer_weights(self._average.module, pl_module)
 
     def _update_batch_norm(self, trainer: Trainer, pl_module: TrainModule) -> None:
         """One pass of training_step over the train loader with fresh, cumulative BatchNorm statistics; with
         several ranks, the ranks' statistics are averaged so that every rank ends with the same module."""
         norms = [m for m in pl_module.modules() if isinstance(m, _BATCH_NORMS)]
-        momenta = {}
-        for norm in norms:
-            assert norm.running_mean is not None and norm.running_var is not None
-            assert norm.num_batches_tracked is not None
-            norm.running_mean.zero_()
-            norm.running_var.fill_(1)
-            norm.num_batches_tracked.zero_()
-            momenta[norm], norm.momentum = norm.momentum, None
+        self.reset_batch_norm_and_save_state(pl_module)
         state, was_training = trainer.fit_state, pl_module.training
         pl_module.train()
         try:
@@ -220,8 +253,7 @@ class StochasticWeightAveraging(Callback):
                                             strict=False):
                     state.run_step("training_step", state.to_device(batch), batch_idx)
         finally:
-            for norm, momentum in momenta.items():
-                norm.momentum = momentum
+            self.reset_momenta()
             pl_module.train(was_training)
         if trainer.world_size > 1:
             for norm in norms:

@@ -156,6 +156,7 @@ class ThroughputMonitor(Callback):
         self.batch_size_fn = batch_size_fn
         self.length_fn = length_fn
         self.kwargs = kwargs
+        self.available_flops: float | None = None  # a device's peak FLOP/s: set it to get `device/mfu` (no table)
         self._stages: dict[str, _Stage] = {}
         self._eval_steps: dict[tuple[str, str], int] = {}
         self._cadence = LogCadence()
@@ -166,7 +167,8 @@ class ThroughputMonitor(Callback):
         """Fresh rate windows for the stages this run has (fit: training and validation); the totals of an
         evaluation stage carry over from an earlier run, as in Lightning."""
         for name in ("train", "validate") if stage == "fit" else (_FIRST_STAGE[stage],):
-            throughput = Throughput(world_size=trainer.world_size, **self.kwargs)
+            throughput = Throughput(world_size=trainer.world_size, available_flops=self.available_flops,
+                                    **self.kwargs)
             if name in self._stages:
                 self._stages[name].throughput = throughput
             else:

@@ -47,7 +47,7 @@ class Timer(Callback):
     def __init__(self, duration: str | timedelta | dict[str, int] | None = None, interval: str = "step",
                  verbose: bool = True) -> None:
         if interval not in ("step", "epoch"):
-            raise ConfigError(f"Timer(interval={interval!r}) is not valid: use 'step' or 'epoch'.")
+            raise ConfigError(f"Timer(interval={interval!r}): Unsupported parameter value; use 'step' or 'epoch'.")
         parsed = parse_duration(duration, "Timer(duration)")
         self._duration = parsed.total_seconds() if parsed is not None else None
         self._interval = interval
@@ -119,8 +119,8 @@ class Timer(Callback):
             return
         trainer.should_stop = True
         if self._verbose:
-            rank_zero_info(f"Timer: the training time limit ({timedelta(seconds=self._duration)}) was reached; "
-                           "training stops.")
+            elapsed = timedelta(seconds=int(self.time_elapsed("train")))
+            rank_zero_info(f"Time limit reached. Elapsed time is {elapsed}. Signaling Trainer to stop.")
 
     # --- checkpoints ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -59,6 +59,10 @@ class Strategy(ABC):
         self._module: nn.Module | None = None
         self._model: nn.Module | None = None
         self._step: Callable[..., Any] = self._not_set_up
+        # Picked in setup_module: batch_to_device's device and whether the precision casts inputs; whether
+        # unscale_gradients does anything (16-mixed's scaler, an override), else the loop skips it per step.
+        self._batch_device: torch.device | None = None
+        self._casts_input = self.unscales_gradients = True
 
     # --- registry -----------------------------------------------------------------------------
     @classmethod  # noqa: B027 (optional for user-defined strategies)
@@ -125,7 +129,9 @@ class Strategy(ABC):
         module = self.precision.convert_module(self._to_device(module))
         apply_activation_checkpointing(module, self.activation_checkpointing)
         self._module = module
-        router = StepRouter(module, self.precision.forward_context)
+        precision = self.precision  # the base's forward_context is a no-op: the router enters none per step
+        router = StepRouter(module, precision.forward_context
+                            if type(precision).forward_context is not Precision.forward_context else None)
         self._model = self._wrap(router)
         # A wrapper (DDP, DP, FSDP2) does its work in __call__; with none, calling forward directly skips
         # nn.Module's hook machinery, which is pure overhead for our private router. FSDP2's fully_shard wraps
@@ -133,6 +139,9 @@ class Strategy(ABC):
         # a router with hooks is always called.
         bare = self._model is router and not (router._forward_pre_hooks or router._forward_hooks)
         self._step = router.forward if bare else self._model
+        self._batch_device, self._casts_input = self.root_device, type(precision).convert_input is not \
+            Precision.convert_input
+        self.unscales_gradients = type(self).unscale_gradients is not Strategy.unscale_gradients or precision.unscales()
 
     def _to_device(self, module: nn.Module) -> nn.Module:
         """Move the module to this rank's device before wrapping. A module already there is left alone: `to()`
@@ -267,8 +276,9 @@ class Strategy(ABC):
 
         `move(batch, device)` replaces the default move (the module's `transfer_batch_to_device`).
         """
-        moved = move_to_device(batch, self.root_device) if move is None else move(batch, self.root_device)
-        return self.precision.convert_input(moved)
+        device = self._batch_device or self.root_device
+        moved = move_to_device(batch, device) if move is None else move(batch, device)
+        return self.precision.convert_input(moved) if self._casts_input else moved
 
     # --- collectives (identities when world_size == 1) ------------------------------------------
     def all_reduce(self, tensor: Tensor, op: ReduceOp = "mean") -> Tensor:
@@ -343,10 +353,8 @@ class Strategy(ABC):
         rank if one failed."""
 
     def raise_if_any_failed(self, error: str | None) -> None:
-        """Collective: every rank raises CheckpointSaveError if any rank's part of a save failed.
-
-        Called after the except block, never inside it: no collective runs in an exception handler.
-        """
+        """Collective: every rank raises CheckpointSaveError if any rank's part of a save failed. Called after the
+        except block, never inside it: no collective runs in an exception handler."""
         errors = self.all_gather_object(error) if self.world_size > 1 else [error]
         by_message: dict[str, list[int]] = {}
         for rank, err in enumerate(errors):

@@ -28,5 +28,6 @@ def parse_duration(value: Any, what: str) -> timedelta | None:
         days, hours, minutes, seconds = (int(g) for g in m.groups())
         return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
     raise ConfigError(
-        f"{what}={value!r} is not valid: use 'DD:HH:MM:SS', a datetime.timedelta, or a dict like {{'hours': 2}}."
+        f"{what}={value!r} is not valid: use a string in the format DD:HH:MM:SS ('00:12:00:00'), a "
+        "datetime.timedelta, or a dict like {'hours': 2}."
     )

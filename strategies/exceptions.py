@@ -24,6 +24,16 @@ class MisconfigurationError(MisconfigurationException, ValueError):
     """The user's TrainModule, DataModule or callbacks break the contract (a missing or malformed hook)."""
 
 
+class MetricNotFoundError(MisconfigurationError, RuntimeError):
+    """A callback monitors a metric that was never logged. Also a RuntimeError, the type Lightning's EarlyStopping
+    raises for it, so code that catches that keeps working."""
+
+
+class StateKeyCollisionError(ConfigError, RuntimeError):
+    """Two callbacks with a state share a `state_key`, so one state would overwrite the other in checkpoints. Also a
+    RuntimeError, the type Lightning raises for it."""
+
+
 class CheckpointError(TrainerError):
     """A checkpoint could not be saved or loaded. The message names the path and the fix."""
 

@@ -78,6 +78,10 @@ class Precision:
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         """Undo loss scaling before gradients are read (clipping); nothing to undo here."""
 
+    def unscales(self) -> bool:
+        """Whether `unscale_gradients` does anything; asked once per run, so the loop can skip the call per step."""
+        return type(self).unscale_gradients is not Precision.unscale_gradients
+
     def gradients_as_backward_left_them(self, optimizer: Optimizer, grads: dict[str, Tensor]) -> dict[str, Tensor]:
         """`grads` (read from `optimizer`'s parameters) as backward left them, for a checkpoint taken between
         unscaling and the optimizer step: the resumed step unscales them again. Unchanged here."""
@@ -154,7 +158,8 @@ class MixedPrecision(Precision):
         return MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=torch.float32)
 
     def backward(self, loss: Tensor, backward: Callable[..., None] | None = None, *args: Any, **kwargs: Any) -> None:
-        super().backward(self._scaler.scale(loss) if self._scaler is not None else loss, backward, *args, **kwargs)
+        # the base class's backward on the scaled loss, without a second call per step
+        (backward or Tensor.backward)(self._scaler.scale(loss) if self._scaler is not None else loss, *args, **kwargs)
 
     def check_optimizer(self, optimizer: Optimizer) -> None:
         if self._scaler is not None and isinstance(optimizer, torch.optim.LBFGS):
@@ -162,6 +167,9 @@ class MixedPrecision(Precision):
                 f"precision={self.name!r} cannot step torch.optim.LBFGS: its GradScaler steps on gradients computed "
                 "once, and LBFGS re-evaluates its closure during the step. Use precision='32-true' or 'bf16-mixed'."
             )
+
+    def unscales(self) -> bool:
+        return self._scaler is not None or type(self).unscale_gradients is not MixedPrecision.unscale_gradients
 
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         # GradScaler raises on a second unscale_ before step(); clipping and a user's call may both ask.
@@ -189,8 +197,9 @@ class MixedPrecision(Precision):
         backward and step for one before the next (a GAN's usual order), not one backward for all.
         """
         scaler = self._scaler
-        if scaler is None:
-            return super().optimizer_step(optimizer, closure, **kwargs)
+        if scaler is None:  # bf16: the base class's step, without a second call per step
+            optimizer.step(closure, **kwargs) if closure is not None else optimizer.step(**kwargs)
+            return True
         try:
             # GradScaler.step refuses closures: evaluate it once, then step on its (scaled) gradients.
             if closure is not None and closure() is None and not _has_gradients(optimizer):
@@ -232,7 +241,7 @@ class _ReusedAutocast(AbstractContextManager):
 
     def __init__(self, device_type: str, dtype: torch.dtype) -> None:
         self.device_type, self.dtype = device_type, dtype
-        self._local = threading.local()
+        self._local = _AutocastStacks()
 
     def __getstate__(self) -> dict[str, Any]:  # ddp_spawn pickles the strategy: the thread-local stays behind
         return {"device_type": self.device_type, "dtype": self.dtype}
@@ -240,25 +249,28 @@ class _ReusedAutocast(AbstractContextManager):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["device_type"], state["dtype"])  # type: ignore[misc]
 
-    def _stacks(self) -> tuple[list[torch.autocast], list[torch.autocast]]:
-        local = self._local
-        if not hasattr(local, "free"):
-            local.free, local.entered = [], []
-        return local.free, local.entered
-
     def __enter__(self) -> None:
-        free, entered = self._stacks()
-        context = free.pop() if free else torch.autocast(self.device_type, dtype=self.dtype)
-        entered.append(context)
+        local = self._local
+        context = local.free.pop() if local.free else torch.autocast(self.device_type, dtype=self.dtype)
+        local.entered.append(context)
         context.__enter__()
 
     def __exit__(self, *exc_info: Any) -> None:
-        free, entered = self._stacks()
-        context = entered.pop()
+        local = self._local
+        context = local.entered.pop()
         try:
             context.__exit__(*exc_info)
         finally:
-            free.append(context)
+            local.free.append(context)
+
+
+class _AutocastStacks(threading.local):
+    """Per thread: the autocast objects free for reuse and those entered now (a thread's first access runs
+    `__init__`, so the per-step code needs no check that they exist)."""
+
+    def __init__(self) -> None:
+        self.free: list[torch.autocast] = []
+        self.entered: list[torch.autocast] = []
 
 
 class _DefaultDtype(AbstractContextManager):

@@ -43,7 +43,7 @@ def _load(name: str) -> ModuleType:
 
 suite = _load("suite")
 common = _load("common")
-EXPECTED = [b for b in suite.BENCHMARKS if b.present and not b.needs_cuda and not b.missing_tools]
+EXPECTED = [b for b in suite.BENCHMARKS if b.present and b.in_suite and not b.needs_cuda and not b.missing_tools]
 # A test waits for one benchmark at most run_all.py's bound for it (then run_all reports it failed), plus start-up.
 pytestmark = pytest.mark.timeout(max(b.timeout_s for b in suite.BENCHMARKS) + 120)
 
@@ -153,6 +153,16 @@ def test_gpu_benchmark_smoke_runs_on_cpu(tmp_path):
 
 
 @pytest.mark.subprocess
+def test_gpu_diagnosis_smoke_runs_on_cpu(tmp_path):
+    out = tmp_path / "diagnose.json"
+    done = subprocess.run([sys.executable, str(BENCH / "gpu_diagnose.py"), "--smoke", "--out", str(out)],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(BENCH.parent)})
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert {"ops", "syncs", "python"} <= set(result["bf16-mixed"]), result.keys()
+
+
+@pytest.mark.subprocess
 def test_jobs_above_one_needs_quick_mode(tmp_path):
     done = subprocess.run([sys.executable, str(BENCH / "run_all.py"), "--jobs", "2", "--results-dir", str(tmp_path),
                            "--no-docs"], capture_output=True, text=True, timeout=60)
@@ -184,3 +194,14 @@ def test_ddp_instructions_sums_rank_zeros_threads_per_step():
     figures = ddp_instructions.figures_for({"raw": {"main": 100.0, "all": 110.0}, "ours": counts})
     assert [f["name"] for f in figures] == ["raw_all", "ours_all", "raw_main", "ours_main"]
     assert figures[1]["ratio"] == 2.0 and figures[3]["ratio"] == 2.0 and figures[1]["delta"] == 110.0
+
+
+def test_instruction_rows_are_paired_with_their_raw_counterpart(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))  # it imports overhead.py's pairing when called
+    instructions = _load("instructions")
+    assert instructions._chosen("ours_ema,ours_log", quick=False) == ("raw_ema", "raw", "ours_ema", "ours_log")
+    counts = {"raw": 100.0, "raw_ema": 200.0, "ours": 102.0, "ours_ema": 212.0, "lightning_ema": 300.0}
+    by_name = {f["name"]: f for f in instructions.figures_for(counts)}
+    assert [(name, f["baseline"], f["ratio"], f["target_met"]) for name, f in by_name.items()] == [
+        ("raw", None, None, None), ("raw_ema", None, None, None), ("ours", "raw", 1.02, True),
+        ("ours_ema", "raw_ema", 1.06, False), ("lightning_ema", "raw_ema", 1.5, None)]

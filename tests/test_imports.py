@@ -109,5 +109,6 @@ def test_a_trainer_imports_only_the_callback_modules_it_uses(tmp_path):
         "print(json.dumps({'bare': bare, 'default': sorted(m for m in sys.modules if m.startswith('callbacks'))}))"
     )
     assert result["bare"] == []
-    assert result["default"] == ["callbacks", "callbacks.base", "callbacks.checkpoint", "callbacks.model_summary",
-                                 "callbacks.progress", "callbacks.progress_base"]
+    assert result["default"] == ["callbacks", "callbacks.base", "callbacks.checkpoint", "callbacks.checkpoint_files",
+                                 "callbacks.checkpoint_names", "callbacks.model_summary", "callbacks.progress",
+                                 "callbacks.progress_base"]

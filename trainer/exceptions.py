@@ -6,8 +6,10 @@ from strategies.exceptions import (
     CheckpointSaveError,
     ConfigError,
     DistributedDesyncError,
+    MetricNotFoundError,
     MisconfigurationError,
     MisconfigurationException,
+    StateKeyCollisionError,
     TrainerError,
 )
 
@@ -17,7 +19,9 @@ __all__ = [
     "CheckpointSaveError",
     "ConfigError",
     "DistributedDesyncError",
+    "MetricNotFoundError",
     "MisconfigurationError",
     "MisconfigurationException",
+    "StateKeyCollisionError",
     "TrainerError",
 ]

@@ -189,7 +189,7 @@ LOGGERS: dict[str, Row] = {
     "FRAMEWORK_NAME": refused(_LOGGER, "loggers.comet"),
     "LitLogger": refused(_LOGGER, "loggers", "loggers.litlogger"),
     "NeptuneLogger": refused(_LOGGER, "loggers.neptune"),
-    "ExperimentWriter": refused("CSVLogger writes metrics.csv and hparams.yaml itself", "loggers.csv_logs"),
+    "ExperimentWriter": same("trainer.loggers.csv", "loggers.csv_logs"),
     "DummyLogger": refused("Trainer(logger=False) runs without a logger", "loggers.logger"),
     "merge_dicts": refused("merge the dicts yourself (Lightning's helper of its removed LoggerCollection)",
                            "loggers.logger"),

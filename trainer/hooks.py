@@ -85,6 +85,7 @@ Notes on the pseudocode:
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -104,25 +105,33 @@ def is_overridden(obj: Any, name: str, base: type) -> bool:
 
 
 class HookDispatcher:
-    """Caches, per hook name, the bound callables that really do something, so that calling a hook
-    nobody overrides costs a dict lookup (this is on the per-step hot path)."""
+    """Caches, per hook name, the bound callables that really do something (resolved once per run).
+
+    `silent` holds the names resolved to nothing. The per-step call sites test it before calling `call_hook`
+    (`if "on_before_backward" not in loop.hooks.silent: call_hook(...)`), so a hook nobody overrides costs one set
+    lookup per step and no call.
+    """
 
     def __init__(self, trainer: Trainer, module_base: type) -> None:
         self._trainer = trainer
         self._module_base = module_base  # TrainModule, whose no-op hooks count as not overridden
         self._cache: dict[str, list[Callable[..., Any]]] = {}
+        self.silent: set[str] = set()
 
     def reset(self) -> None:
         self._cache.clear()
+        self.silent.clear()
 
     def __getstate__(self) -> dict[str, Any]:
         # bound closures do not pickle; rebuilt on use
-        return {"_trainer": self._trainer, "_module_base": self._module_base, "_cache": {}}
+        return {"_trainer": self._trainer, "_module_base": self._module_base, "_cache": {}, "silent": set()}
 
     def targets(self, name: str) -> list[Callable[..., Any]]:
         found = self._cache.get(name)
         if found is None:
             found = self._cache[name] = self._resolve(name)
+            if not found:
+                self.silent.add(name)
         return found
 
     def _resolve(self, name: str) -> list[Callable[..., Any]]:
@@ -160,11 +169,9 @@ def _profiled(trainer: Trainer, action: str, fn: Callable[..., Any]) -> Callable
 
 
 def _callback_call(callback: Any, name: str, trainer: Trainer) -> Callable[..., Any]:
-    method = getattr(callback, name)
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return method(trainer, trainer.lightning_module, *args, **kwargs)
-
+    """`callback.name(trainer, module, ...)`, with the run's module bound now: the cache is rebuilt whenever a run
+    attaches a module (`HookDispatcher.reset`), and a `partial` adds no Python frame per call."""
+    call = partial(getattr(callback, name), trainer, trainer.lightning_module)
     return _profiled(trainer, f"[Callback]{callback.state_key}.{name}", call)
 
 

@@ -79,6 +79,9 @@ class TrainerProperties:
     """The number of devices (processes) per machine."""
     checkpoint_on_interrupt = property(lambda self: self.fit_state.spec.checkpoint_on_interrupt)
     """The `checkpoint_on_interrupt` flag: whether Ctrl-C saves a checkpoint before the run stops."""
+    ckpt_path = property(lambda self: self.fit_state.ckpt_path)
+    """The checkpoint the running (or last) fit/validate/test/predict loaded, resolved ('last' names the file), or
+    None. Read-only: pass `ckpt_path=` to `fit`, `validate`, `test` or `predict` to choose one."""
 
     # --- state users read ---------------------------------------------------------------------------
     @property
@@ -158,6 +161,11 @@ class TrainerProperties:
         """The first ModelCheckpoint, or None."""
         found = self.checkpoint_callbacks
         return found[0] if found else None
+
+    @property
+    def early_stopping_callbacks(self) -> list[Any]:
+        """Every EarlyStopping among the callbacks."""
+        return instances_of(self.callbacks, "callbacks.early_stopping", "EarlyStopping")
 
     @property
     def early_stopping_callback(self) -> Any:

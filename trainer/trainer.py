@@ -251,6 +251,7 @@ class Trainer(TrainerProperties):
             if loop.compiler is not None:
                 self.strategy.compile_module(loop.compiler)
             path = resolve_ckpt_path(self, default_ckpt_path(self, fn, ckpt_path, model_given))
+            loop.ckpt_path = str(path) if path else None
             checkpoint = None
             if path:
                 checkpoint = ckpt.load_checkpoint_file(self.strategy, path)

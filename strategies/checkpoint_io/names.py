@@ -11,7 +11,7 @@ create: there the name is versioned when it exists, checked just before the save
 from __future__ import annotations
 
 import os
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from strategies.checkpoint_io.atomic_file import save_advice
@@ -29,12 +29,16 @@ def versioned(path: AnyPath, version: int) -> AnyPath:
     return join(parent(path), f"{stem}-v{version}{ext}")
 
 
-def claim_name(path: AnyPath, own: Collection[str] = ()) -> AnyPath:
+def claim_name(path: AnyPath, own: Collection[str] = (), versions: Callable[[int], AnyPath] | None = None,
+               first_version: int = 1) -> AnyPath:
     """Rank 0: the first of `path`, `path-v1`, `path-v2`, ... that is in `own` (a file this save replaces: re-saved in
-    place) or that does not exist and no other run is writing, claimed for this process until `release_claim`."""
-    version = 0
+    place) or that does not exist and no other run is writing, claimed for this process until `release_claim`.
+    `versions(n)` names version n when the caller has its own naming (ModelCheckpoint's join character and
+    extension); versions count from `first_version`."""
+    name_of = versions or (lambda n: versioned(path, n))
+    version = first_version - 1
     while True:
-        candidate = path if version == 0 else versioned(path, version)
+        candidate = path if version == first_version - 1 else name_of(version)
         if str(candidate) in own or _try_claim(candidate):
             return candidate
         version += 1

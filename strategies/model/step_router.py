@@ -19,12 +19,15 @@ class StepRouter(nn.Module):
     autocast state is thread-local.
     """
 
-    def __init__(self, module: nn.Module, forward_context: Callable[[], AbstractContextManager]) -> None:
+    def __init__(self, module: nn.Module, forward_context: Callable[[], AbstractContextManager] | None) -> None:
         super().__init__()
         self.module = module
-        self._forward_context = forward_context
+        self._forward_context = forward_context  # None: the precision has none (32-true), no `with` per step
         self.__dict__["_target"] = module  # plain attribute: skips nn.Module.__getattr__ on the hot path
 
     def forward(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        with self._forward_context():
+        context = self._forward_context
+        if context is None:
+            return getattr(self._target, method)(*args, **kwargs)
+        with context():
             return getattr(self._target, method)(*args, **kwargs)

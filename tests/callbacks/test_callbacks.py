@@ -60,7 +60,7 @@ def test_early_stopping_on_train_metric_without_validation():
 
 
 def test_early_stopping_missing_metric_is_a_clear_error():
-    with pytest.raises(MisconfigurationError, match=r"monitor='nope'\) found no such metric"):
+    with pytest.raises(MisconfigurationError, match=r"metric `nope` which is not available"):
         Trainer(max_epochs=2, callbacks=[EarlyStopping(monitor="nope")], **QUIET).fit(BoringModel())
 
 
@@ -74,8 +74,9 @@ def test_lr_monitor_logs_learning_rates():
     cb = LearningRateMonitor(log_momentum=True)
     Trainer(max_epochs=3, limit_train_batches=1, limit_val_batches=0, callbacks=[cb],
             **{**QUIET, "logger": logger}).fit(M())
-    assert cb.lrs == {"lr-SGD": [1.0, 0.5, 0.25], "lr-momentum-SGD": [0.9, 0.9, 0.9]}
-    assert logger.rows[0] == (0, {"lr-SGD": 1.0, "lr-momentum-SGD": 0.9})
+    assert cb.lrs == {"lr-SGD": [1.0, 0.5, 0.25]}
+    assert cb.last_momentum_values == {"lr-SGD-momentum": 0.9}
+    assert logger.rows[0] == (0, {"lr-SGD": 1.0, "lr-SGD-momentum": 0.9})
 
 
 def test_lr_monitor_logs_step_rates_at_the_trainers_logging_cadence():
@@ -100,7 +101,7 @@ def test_lr_monitor_logs_step_rates_at_the_trainers_logging_cadence():
 
 
 def test_lr_monitor_needs_a_logger():
-    with pytest.raises(MisconfigurationError, match="LearningRateMonitor needs a logger"):
+    with pytest.raises(MisconfigurationError, match="`LearningRateMonitor` callback with `Trainer` that has no logger"):
         Trainer(max_epochs=1, callbacks=[LearningRateMonitor()], **QUIET).fit(BoringModel())
 
 

@@ -96,7 +96,7 @@ def test_a_backbone_is_required():
 def test_parameters_already_in_the_optimizer_are_skipped_with_a_warning():
     layer = nn.Linear(2, 2)
     optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
-    with pytest.warns(UserWarning, match="already in the optimizer"):
+    with pytest.warns(UserWarning, match="The provided params to be frozen already exist within another group"):
         BaseFinetuning.unfreeze_and_add_param_group(layer, optimizer)
     assert len(optimizer.param_groups) == 1
 

@@ -75,7 +75,7 @@ def test_missing_monitor_names_the_logged_metrics(tmp_path: Path):
 def test_bad_arguments():
     with pytest.raises(ConfigError, match="mode='best'"):
         ModelCheckpoint(mode="best")
-    with pytest.raises(ConfigError, match="save_top_k > 1\\) needs monitor"):
+    with pytest.raises(ConfigError, match="save_top_k=3, monitor=None\\) is not a valid configuration"):
         ModelCheckpoint(save_top_k=3)
     with pytest.raises(ConfigError, match="enable_checkpointing=False"):
         Trainer(callbacks=[ModelCheckpoint()], enable_checkpointing=False)

@@ -248,3 +248,14 @@ def test_cpu_stats_false_logs_nothing_on_cpu():
     Trainer(**FLAGS, max_steps=4, log_every_n_steps=1, logger=logger,
             callbacks=[DeviceStatsMonitor(cpu_stats=False)]).fit(Net(), _loader())
     assert _device_rows(logger.rows) == []
+
+
+def test_setting_available_flops_logs_the_model_flops_utilisation():
+    class Counted(Net):
+        flops_per_batch = 1000.0
+
+    logger, monitor = Recorder(), _monitor(ThroughputMonitor)
+    monitor.available_flops = 1e6  # Lightning fills it from a table of GPU peaks; here the user gives it
+    Trainer(**FLAGS, max_epochs=1, log_every_n_steps=2, logger=logger, callbacks=[monitor]).fit(Counted(), _loader())
+    rates = [m for _, m in logger.rows if "train/device/mfu" in m]
+    assert rates and all(m["train/device/mfu"] == pytest.approx(m["train/device/flops_per_sec"] / 1e6) for m in rates)

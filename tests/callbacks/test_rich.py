@@ -154,6 +154,26 @@ def test_the_console_shows_descriptions_totals_and_values():
     assert "hidden" not in text
 
 
+def test_the_bars_ids_columns_and_refresh_are_lightnings():
+    from rich.progress import TextColumn
+
+    class OneColumn(RichProgressBar):
+        def configure_columns(self, trainer: Any) -> list[Any]:
+            return [TextColumn("[progress.description]{task.description} only")]
+
+    out = io.StringIO()
+    bar = OneColumn(console_kwargs={"file": out, "force_terminal": True, "width": 200})
+    trainer = Trainer(**{**RUN, "limit_val_batches": 1, "num_sanity_val_steps": 1}, callbacks=[bar], **BAR)
+    with pytest.raises(TypeError, match="not been shown yet"):
+        _ = bar.train_progress_bar
+    trainer.fit(Ours())
+    trainer.test(trainer.lightning_module, verbose=False)
+    assert bar.test_progress_bar.total == 4 and bar.test_progress_bar_id is not None
+    assert bar.predict_progress_bar_id is None and bar.val_progress_bar_id is None  # test restarted the display
+    assert "Testing only" in out.getvalue()
+    bar.refresh()
+
+
 def test_refresh_rate_zero_draws_nothing():
     out = io.StringIO()
     bar = RichProgressBar(refresh_rate=0, console_kwargs={"file": out, "force_terminal": True})

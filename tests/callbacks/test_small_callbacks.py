@@ -49,10 +49,15 @@ def test_timer_takes_lightnings_duration_forms(duration: Any):
 
 
 def test_timer_refuses_bad_arguments():
-    with pytest.raises(ConfigError, match="DD:HH:MM:SS"):
+    with pytest.raises(ConfigError, match="in the format DD:HH:MM:SS"):
         Timer(duration="1 hour")
-    with pytest.raises(ConfigError, match="interval='batch'"):
+    with pytest.raises(ConfigError, match="interval='batch'.*Unsupported parameter value"):
         Timer(interval="batch")
+
+
+def test_timer_says_why_it_stops(capsys: pytest.CaptureFixture):
+    Trainer(max_epochs=100, callbacks=[Timer(duration=timedelta(seconds=0.05))], **QUIET).fit(Slow())
+    assert "Time limit reached. Elapsed time is 0:00:00. Signaling Trainer to stop." in capsys.readouterr().out
 
 
 def test_the_timer_keeps_training_time_across_a_resume(tmp_path: Path):
@@ -117,3 +122,16 @@ def test_on_exception_checkpoint_needs_one_process():
     with pytest.raises(ConfigError, match="single process"):
         callback.setup(Trainer(devices=2, accelerator="cpu", strategy="ddp"), BoringModel(), "fit")
 
+
+
+def test_on_exception_checkpoint_names_its_file_as_lightning_and_a_good_fit_removes_a_stale_one(tmp_path: Path):
+    class Dotted(OnExceptionCheckpoint):
+        FILE_EXTENSION = ".pt"
+
+    callback = Dotted(tmp_path, filename="failed")
+    assert callback.ckpt_path == str(tmp_path / "failed.pt") and callback.dirpath == tmp_path
+    (tmp_path / "failed.pt").write_bytes(b"from an earlier failure")
+    Trainer(max_steps=1, callbacks=[callback], **QUIET).fit(BoringModel())
+    assert not (tmp_path / "failed.pt").exists()
+    with pytest.raises(ValueError, match="filename cannot be empty"):
+        OnExceptionCheckpoint(tmp_path, filename="")

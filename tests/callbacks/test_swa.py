@@ -3,6 +3,7 @@ every epoch), its constructor checks, bit-exact resume from inside the SWA phase
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -274,3 +275,28 @@ def test_what_the_batch_norm_pass_logs_goes_nowhere():
     trainer.fit(model, _loader())
     assert float(model.net[1].num_batches_tracked) == 4  # the pass ran
     assert trainer.callback_metrics == last.metrics
+
+
+def test_lightnings_public_helpers_give_lightnings_numbers():
+    pl = pytest.importorskip("lightning.pytorch")
+    theirs = pl.callbacks.StochasticWeightAveraging
+    torch.manual_seed(0)
+    average, model = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    ours_avg, their_avg = copy.deepcopy(average), copy.deepcopy(average)
+    ours_n, their_n = torch.tensor(0), torch.tensor(0)
+    for _ in range(3):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        StochasticWeightAveraging.update_parameters(ours_avg, model, ours_n, StochasticWeightAveraging.avg_fn)
+        theirs.update_parameters(their_avg, model, their_n, theirs.avg_fn)
+    assert int(ours_n) == int(their_n) == 3
+    assert all(torch.equal(a, b) for a, b in zip(ours_avg.parameters(), their_avg.parameters(), strict=True))
+    StochasticWeightAveraging.transfer_weights(ours_avg, model)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), ours_avg.parameters(), strict=True))
+    net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3, momentum=0.3))
+    swa = StochasticWeightAveraging(swa_lrs=0.1)
+    swa.reset_batch_norm_and_save_state(net)
+    assert net[1].momentum is None and torch.equal(net[1].running_var, torch.ones(3))
+    swa.reset_momenta()
+    assert net[1].momentum == 0.3

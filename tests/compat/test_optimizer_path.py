@@ -121,6 +121,23 @@ def test_the_closure_returns_the_loss_and_the_step_returns_what_the_closure_retu
     assert len(seen) == 2 and all(isinstance(v, torch.Tensor) and v.ndim == 0 and not v.requires_grad for v in seen)
 
 
+def test_on_train_batch_end_gets_the_loss_tensor_the_closure_returned():
+    """As in Lightning 2.6 (checked side by side): outputs["loss"] is the detached loss the closure returned, the same
+    tensor, not a second detach of it."""
+    returned: list[Any] = []
+    received: list[Any] = []
+
+    class Model(Regression):
+        def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any) -> None:
+            returned.append(optimizer.step(closure=optimizer_closure))
+
+        def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+            received.append(outputs["loss"])
+
+    Trainer(max_epochs=1, limit_train_batches=2, **FLAGS).fit(Model(), _loader())
+    assert len(received) == 2 and all(out is ret for out, ret in zip(received, returned, strict=True))
+
+
 def test_an_override_that_never_runs_the_closure_is_refused():
     class Forgetful(Regression):
         def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any) -> None:

@@ -117,7 +117,7 @@ MODEL_CHECKPOINTS = {
     "every_n_train_steps": ["epoch=1-step=4"],  # [11]
     "on_validation": ["epoch=1-step=4", "epoch=1-step=6"],  # [12, after its validation], [16, idem]
     "every_n_epochs": ["epoch=1-step=6"],  # [16, on_train_epoch_end]
-    "train_time_interval": ["epoch=0-step=0"],  # [1, inside the first window]
+    "train_time_interval": ["epoch=0-step=1"],  # [3, the first optimizer step: none is saved at step 0, as Lightning]
     "save_last": ["last"],  # [22]
 }
 AFTER_FIT = ("max_steps", "max_epochs", "max_time", "early_stopping", "should_stop", "exception", "sigterm")

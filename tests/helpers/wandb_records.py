@@ -46,6 +46,21 @@ def records(path: Path) -> Iterator[Any]:
             pending = b""
 
 
+def run_files(save_dir: Path, count: int, timeout: float = 60) -> list[Path]:
+    """The `count` complete run files under `save_dir`, oldest first: an offline run resumed in the same process (a
+    `test` after `fit`: WandbLogger finishes the run at the end of each) writes a folder per part, same run id."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = sorted((save_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+        if len(found) == count and all(path.stat().st_size > HEADER and any(
+                r.WhichOneof("record_type") == "exit" for r in records(path)) for path in found):
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {count} complete wandb run files under {save_dir} after {timeout:.0f} s: "
+                                 f"{found}")
+        time.sleep(0.2)
+
+
 def run_file(save_dir: Path, timeout: float = 60) -> Path:
     """The run file under `save_dir`, once complete: wandb's service process writes it after `run.finish()` has
     returned (measured: right after finish the file can still hold only its 7-byte header), so wait for the

@@ -75,7 +75,7 @@ def test_checkpoint_folder_follows_the_folder_contract(server, tmp_path):
     trainer, logger, _ = _fit(server, tmp_path, experiment_name="folders")
     assert trainer.log_dir == str(tmp_path)  # no folder of its own: the run's files go under default_root_dir
     expected = tmp_path / logger.experiment_id / logger.run_id / "checkpoints"
-    assert trainer.checkpoint_callback.dirpath == expected
+    assert trainer.checkpoint_callback.dirpath == str(expected)
     assert (expected / "epoch=1-step=4.ckpt").is_file()
 
 

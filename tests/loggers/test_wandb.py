@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.helpers.boring import QUIET, BoringModel
-from tests.helpers.wandb_records import of_type, records, run_file
+from tests.helpers.wandb_records import of_type, records, run_file, run_files
 from trainer import Trainer
 
 pytest.importorskip("wandb", reason="WandbLogger needs wandb: pip install -e '.[wandb]' (in .[dev])")
@@ -106,7 +106,7 @@ def test_the_checkpoint_is_a_model_artifact_that_loads(fitted):
 def test_checkpoints_go_to_the_run_folder(fitted, tmp_path):
     trainer, logger, _, _ = fitted
     assert trainer.log_dir == str(tmp_path)  # W&B keeps its own layout: no log_dir
-    assert trainer.checkpoint_callback.dirpath == tmp_path / "runs" / "digits" / logger.version / "checkpoints"
+    assert trainer.checkpoint_callback.dirpath == str(tmp_path / "runs" / "digits" / logger.version / "checkpoints")
 
 
 def test_files_are_copied_into_the_run(tmp_path):
@@ -116,3 +116,69 @@ def test_files_are_copied_into_the_run(tmp_path):
     logger.finalize("success")
     (copied,) = (tmp_path / "wandb").glob("offline-run-*/files/config.yaml")
     assert copied.read_text() == "trainer: {}\n"
+
+
+def _redirected_run(side: str, folder: Path, parts: int) -> tuple[list[Path], str]:
+    """`tests/scripts/wandb_redirected.py` under `side` with stdout and stderr to a file, as a cluster job writes
+    them: (its run files, what it printed)."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    folder.mkdir(parents=True)
+    output = folder / "job.out"
+    with output.open("w") as handle:
+        done = subprocess.run([sys.executable, str(root / "tests" / "scripts" / "wandb_redirected.py"), side,
+                               str(folder)], stdout=handle, stderr=subprocess.STDOUT, timeout=150,
+                              env={**os.environ, "PYTHONPATH": str(root)}, check=False)
+    assert done.returncode == 0, output.read_text()[-3000:]
+    return run_files(folder, parts), output.read_text()
+
+
+def _rows(paths: list[Path]) -> list[tuple[Any, ...]]:
+    """Each history row as (its metric names, trainer/global_step, epoch): the shape of what was logged."""
+    shapes = []
+    for row in (row for path in paths for row in of_type(path, "history")):
+        items = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in row.item}
+        names = tuple(sorted(k for k in items if not k.startswith("_") and k not in ("epoch", "trainer/global_step")))
+        shapes.append((names, items.get("trainer/global_step"), items.get("epoch")))
+    return shapes
+
+
+@pytest.mark.subprocess
+def test_a_redirected_run_writes_lightnings_step_and_epoch_rows(tmp_path):
+    """stdout to a file: the default progress bar prints plain lines with the run id as `v_num` (a string, which
+    crashed the bar), and the run file holds Lightning's rows for train steps, train and val epochs, and test.
+    Ours finishes the run at the end of fit and resumes it for test (a second offline folder of the same run id:
+    docs/logging.md), Lightning keeps it open: the rows are compared across the run's files."""
+    pytest.importorskip("lightning.pytorch")
+    ours, printed = _redirected_run("ours", tmp_path / "ours", parts=2)
+    theirs, _ = _redirected_run("lightning", tmp_path / "theirs", parts=1)
+    run_ids = {run.run_id for path in ours for run in of_type(path, "run")}
+    assert len(run_ids) == 1
+    assert "Epoch 1: 3/3 batches" in printed and f"v_num={run_ids.pop()[-4:]}" in printed
+    assert "Traceback" not in printed
+    rows = _rows(ours)
+    assert rows == _rows(theirs)
+    assert (("train_loss",), 0, 0) in rows and (("val_loss",), 2, 0) in rows
+    assert (("train_mean",), 5, 1) in rows and (("test_loss",), 6, 2) in rows
+
+
+def test_images_tables_text_and_watched_gradients_reach_the_run(tmp_path):
+    """Lightning's WandbLogger methods: log_image (a keyword list per image), log_table, log_text, watch."""
+    logger = WandbLogger(project="media", save_dir=tmp_path, offline=True)
+    model = Logs()
+    logger.log_image("samples", [torch.rand(3, 8, 8), torch.rand(3, 8, 8)], step=0, caption=["a", "b"])
+    logger.log_table("scores", columns=["name", "value"], data=[["x", 1.0]], step=0)
+    logger.log_text("notes", columns=["text"], data=[["hello"]], step=0)
+    with pytest.raises(ValueError, match="caption= has 1 values for 2 items"):
+        logger.log_image("bad", [torch.rand(3, 8, 8), torch.rand(3, 8, 8)], caption=["only one"])
+    logger.watch(model, log="all", log_freq=1)
+    Trainer(**{**FIT, "logger": logger}).fit(model)
+    items = {"/".join(i.nested_key) or i.key: json.loads(i.value_json)
+             for row in of_type(run_file(tmp_path), "history") for i in row.item}
+    assert items["samples/captions"] == ["a", "b"] and items["samples/count"] == 2
+    assert items["scores/_type"] == items["notes/_type"] == "table-file"
+    assert any(k.startswith("gradients/layer.weight") for k in items)
+    assert any(k.startswith("parameters/layer.weight") for k in items)

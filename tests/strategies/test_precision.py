@@ -186,6 +186,20 @@ def test_only_16_mixed_gets_a_scaler():
     assert [n for n in names if getattr(precision_from_flag(n), "scaler", None) is not None] == ["16-mixed"]
 
 
+def test_only_a_precision_with_a_scaler_has_gradients_to_unscale_each_step():
+    """The loop skips unscale_gradients per step where it does nothing: without a scaler, and without an override."""
+    names = ("32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-true")
+    assert [n for n in names if precision_from_flag(n).unscales()] == ["16-mixed"]
+
+    class Unscaling(MixedPrecision):
+        def unscale_gradients(self, optimizer: Any) -> None:
+            pass
+
+    strategy = SingleDeviceStrategy("cpu", precision=Unscaling("bf16-mixed", "cpu"))
+    strategy.setup_module(nn.Linear(2, 2))
+    assert strategy.unscales_gradients
+
+
 def test_mixed_precision_on_an_unknown_device_type_is_refused():
     with pytest.raises(ConfigError, match="needs torch.autocast on 'warp-drive'"):
         precision_from_flag("bf16-mixed", "warp-drive")

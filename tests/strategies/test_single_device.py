@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import namedtuple
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -176,3 +178,48 @@ def test_a_module_with_its_own_apply_is_always_moved():
     assert not module_on(module, torch.device("cpu"))
     SingleDeviceStrategy("cpu").setup_module(module)
     assert OwnApply.applied == 1
+
+
+class _CountingInputs(Precision):
+    """A user's precision that does something with every batch (the base class's convert_input is an identity)."""
+
+    def __init__(self) -> None:
+        self.batches = 0
+
+    def convert_input(self, batch: Any) -> Any:
+        self.batches += 1
+        return batch
+
+
+def test_a_precision_that_converts_inputs_sees_every_training_batch():
+    """batch_to_device skips the identity convert_input of the base class, never a precision's own."""
+    precision = _CountingInputs()
+    trainer = Trainer(strategy=SingleDeviceStrategy("cpu", precision=precision), max_steps=3,
+                      **{**QUIET, "limit_val_batches": 0})
+    trainer.fit(BoringModel())
+    assert precision.batches == 3
+
+
+class _CountingContext(Precision):
+    """A user's precision with a context of its own around every step (the base class's is a shared no-op)."""
+
+    def __init__(self) -> None:
+        self.entered = 0
+
+    @contextlib.contextmanager
+    def _counted(self) -> Iterator[None]:
+        self.entered += 1
+        yield
+
+    def forward_context(self) -> contextlib.AbstractContextManager:
+        return self._counted()
+
+
+def test_a_precision_with_a_forward_context_is_entered_around_every_step():
+    """The router enters no context for the base class's no-op, and always a precision's own."""
+    precision = _CountingContext()
+    strategy = SingleDeviceStrategy("cpu", precision=precision)
+    strategy.setup_module(BoringModel())
+    strategy.step("training_step", torch.randn(4, 32), 0)
+    strategy.step("training_step", torch.randn(4, 32), 1)
+    assert precision.entered == 2

@@ -19,7 +19,7 @@ from trainer.exceptions import ConfigError, MisconfigurationError
     [
         ({"accelerator": "tpu"}, r"accelerator='tpu'.*Accepted values: auto, cpu, gpu, cuda, mps"),
         ({"strategy": "ddpp"}, r"strategy='ddpp' is not a known strategy. Accepted values: 'auto', 'ddp', "
-                               r"'ddp_spawn', 'dp', 'single'"),
+                               r"'ddp_find_unused_parameters_false', .*'ddp_spawn', .*'dp', 'single'"),
         ({"precision": "17"}, r"precision='17' is not a known precision. Accepted values: .*'32-true'"),
         ({"precision": 17}, r"precision=17 is not a known precision"),
         ({"devices": 0}, r"devices=0 is not valid: it must be an int >= 1"),
@@ -30,7 +30,7 @@ from trainer.exceptions import ConfigError, MisconfigurationError
         ({"accumulate_grad_batches": 0}, r"accumulate_grad_batches=0 is not valid"),
         ({"gradient_clip_algorithm": "l3"}, r"gradient_clip_algorithm='l3' is not valid: use 'norm' or 'value'"),
         ({"val_check_interval": 1.5}, r"val_check_interval=1.5 is not valid"),
-        ({"max_time": "ten minutes"}, r"max_time='ten minutes' is not valid: use 'DD:HH:MM:SS'"),
+        ({"max_time": "ten minutes"}, r"max_time='ten minutes' is not valid: use a string in the format DD:HH:MM:SS"),
         ({"deterministic": "yes"}, r"deterministic='yes' is not valid"),
         ({"agree_every_n_steps": 0}, r"agree_every_n_steps=0 is not valid: it must be an int >= 1"),
     ],

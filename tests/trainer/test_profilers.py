@@ -3,6 +3,7 @@ rank) with Lightning's action names; the pytorch trace is a Chrome trace that op
 
 from __future__ import annotations
 
+import functools
 import json
 import pstats
 from pathlib import Path
@@ -66,12 +67,15 @@ def test_pytorch_writes_a_chrome_trace_with_the_actions(tmp_path: Path):
 
 
 def test_without_a_profiler_no_hook_is_wrapped():
-    trainer = Trainer(max_epochs=1, callbacks=[Watch()], **QUIET)
+    watch = Watch()
+    trainer = Trainer(max_epochs=1, callbacks=[watch], **QUIET)
     assert isinstance(trainer.profiler, PassThroughProfiler)
     model = BoringModel()
     trainer.fit(model)
     (call,) = trainer.fit_state.hooks.targets("on_train_batch_end")
-    assert call.__qualname__.startswith("_callback_call")  # the plain dispatch, no timing around it
+    # the plain dispatch, no timing around it: the callback's method with the trainer and the module bound
+    assert isinstance(call, functools.partial)
+    assert (call.func, call.args) == (watch.on_train_batch_end, (trainer, model))
 
 
 def test_an_unknown_profiler_is_refused():

@@ -131,7 +131,7 @@ def test_a_logger_without_a_folder_gives_root_dir_and_a_run_checkpoint_folder(tm
                          "default_root_dir": tmp_path})
     trainer.fit(BoringModel())
     assert trainer.log_dir == str(tmp_path)
-    assert trainer.checkpoint_callback.dirpath == tmp_path / "exp" / "run7" / "checkpoints"
+    assert trainer.checkpoint_callback.dirpath == str(tmp_path / "exp" / "run7" / "checkpoints")
     assert (tmp_path / "exp" / "run7" / "checkpoints" / "epoch=1-step=4.ckpt").is_file()
     assert not (tmp_path / "None").exists() and not Path("None").exists()
 

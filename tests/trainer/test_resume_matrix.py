@@ -60,7 +60,7 @@ EXPECTED_DONE = {
                                                      "on_train_epoch_start")},
     "every_n_train_steps/epoch=1-step=4": MID, "on_validation/epoch=1-step=4": AFTER_VAL,
     "on_validation/epoch=1-step=6": EPOCH_END, "every_n_epochs/epoch=1-step=6": EPOCH_END,
-    "train_time_interval/epoch=0-step=0": 1, "save_last/last": 22,
+    "train_time_interval/epoch=0-step=1": 3, "save_last/last": 22,
     "after_fit:max_steps": MID, "after_fit:max_epochs": EPOCH_END, "after_fit:early_stopping": 4,
     "after_fit:should_stop": WINDOW, "after_fit:exception": WINDOW, "after_fit:sigterm": WINDOW + 1,
 }
@@ -82,7 +82,7 @@ SAME_CHECKPOINT = [
     ("on_validation_epoch_end@12",), ("on_train_batch_end@16",),
     ("on_validation_end@16", "on_validation/epoch=1-step=6"),
     ("on_train_epoch_end@16", "every_n_epochs/epoch=1-step=6"), ("on_train_epoch_start@16", "after_fit:max_epochs"),
-    ("train_time_interval/epoch=0-step=0",), ("save_last/last",), ("after_fit:max_steps",),
+    ("train_time_interval/epoch=0-step=1",), ("save_last/last",), ("after_fit:max_steps",),
     ("after_fit:early_stopping",), ("after_fit:exception",), ("after_fit:sigterm",),
 ]
 # Every distinct checkpoint is resumed on `dropout`, whose global RNG feeds both the shuffle and the dropout masks; the

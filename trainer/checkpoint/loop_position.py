@@ -39,19 +39,6 @@ class Phase(Enum):
     VALIDATING = "validating"
 
 
-def torch_rng() -> dict[str, Any]:
-    """The torch RNG states a batch draws from (CPU, and CUDA once it is in use); cheap enough per batch.
-
-    The same states as `torch.get_rng_state()` and `torch.cuda.get_rng_state_all()`, read from the generators
-    themselves: those wrappers re-check the device count and the CUDA context on every call, which cost a
-    host-bound GPU step about 10-20 us (benchmarks/gpu.py's MLP).
-    """
-    state: dict[str, Any] = {"torch": torch.default_generator.get_state()}
-    if torch.cuda.is_initialized():  # cheaper than is_available(), which asks the driver
-        state["cuda"] = [generator.get_state() for generator in torch.cuda.default_generators]
-    return state
-
-
 @dataclass
 class LoopPosition:
     """What the fit loop is doing right now, as far as a checkpoint needs to know."""
@@ -68,9 +55,17 @@ class LoopPosition:
     def before_fetch(self, sampler: Any) -> None:
         """The next batch is about to be fetched: what a checkpoint taken inside it rolls back to.
 
-        The sampler state is kept too: the first fetch of an epoch is where a RandomSampler draws its seed.
+        The torch RNG states a batch draws from (CPU, and CUDA once it is in use): the same states as
+        `torch.get_rng_state()` and `torch.cuda.get_rng_state_all()`, read from the generators themselves, because
+        those wrappers re-check the device count and the CUDA context on every call (about 10-20 us of a host-bound
+        GPU step, benchmarks/gpu.py's MLP). Reading the CPU generator's state (a 5 KB tensor) is most of what this
+        costs per batch: about 8 k instructions. The sampler state is kept too: the first fetch of an epoch is where
+        a RandomSampler draws its seed.
         """
-        self.batch_start = {"rng": torch_rng(), "sampler": dict(sampler.epoch_state) if sampler is not None else {}}
+        rng: dict[str, Any] = {"torch": torch.default_generator.get_state()}
+        if torch.cuda.is_initialized():  # cheaper than is_available(), which asks the driver
+            rng["cuda"] = [generator.get_state() for generator in torch.cuda.default_generators]
+        self.batch_start = {"rng": rng, "sampler": dict(sampler.epoch_state) if sampler is not None else {}}
 
     def validation_started(self, rng: dict[str, Any]) -> None:
         self.phase, self.validation_rng = Phase.VALIDATING, rng

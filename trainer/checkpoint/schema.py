@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from strategies.checkpoint_io.safe_load import safe_load
 from strategies.checkpoint_io.weights_only import refusal
-from strategies.exceptions import CheckpointLoadError, CheckpointSaveError, MisconfigurationError
+from strategies.exceptions import CheckpointLoadError, CheckpointSaveError, ConfigError, MisconfigurationError
 from trainer.checkpoint.lightning_import import from_lightning, is_lightning_checkpoint
 from trainer.checkpoint.resume import checkpoint_position, plan_resume
 from trainer.checkpoint.validation import check_contents, check_resumable
@@ -177,6 +177,11 @@ def restore_training_state(loop: FitState, checkpoint: Mapping[str, Any], path: 
         loop.scheduler_stepper.step("epoch", progress.current_epoch + 1, loop.metrics.callback_metrics)
         progress.current_epoch += 1
         progress.epoch_finished, progress.epoch_batches, progress.epoch_opened = False, 0, False
+    max_epochs = loop.spec.max_epochs
+    if max_epochs is not None and max_epochs != -1 and progress.current_epoch > max_epochs:
+        raise ConfigError(f"You restored a checkpoint with current_epoch={progress.current_epoch}, but you have set "
+                          f"Trainer(max_epochs={max_epochs}): the run is already past it. Raise max_epochs to train "
+                          f"on from {path}.")
     if trainer.datamodule is not None and "datamodule" in checkpoint:
         trainer.datamodule.load_state_dict(checkpoint["datamodule"])
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sized
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +85,26 @@ class DataModule(HyperparametersMixin, DataHooks):
     def on_exception(self, exception: BaseException) -> None:
         """Called on every rank when fit/validate/test/predict raises, before teardown (after the callbacks')."""
 
+    def __str__(self) -> str:
+        """One line per stage, as Lightning prints a DataModule: `{Train dataloader: size=64}` (the dataset's
+        length, `NA` without one), `1. size=16 ; 2. size=NA` for several loaders, `None` where the hook is missing
+        or fails (e.g. before `setup` made the dataset)."""
+        lines = []
+        for stage, hook in (("Train", "train_dataloader"), ("Validation", "val_dataloader"),
+                            ("Test", "test_dataloader"), ("Predict", "predict_dataloader")):
+            try:
+                loaders = getattr(self, hook)()
+            except Exception:  # noqa: BLE001 - any failure shows as None, as in Lightning
+                lines.append(f"{{{stage} dataloader: None}}")
+                continue
+            if isinstance(loaders, (list, tuple, dict)):
+                several = loaders.values() if isinstance(loaders, dict) else loaders
+                shown = " ; ".join(f"{i}. {_size(loader)}" for i, loader in enumerate(several, start=1))
+            else:
+                shown = _size(loaders)
+            lines.append(f"{{{stage} dataloader: {shown}}}")
+        return os.linesep.join(lines)
+
     def state_dict(self) -> dict[str, Any]:
         """Extra state to save in checkpoints (primitives and tensors only)."""
         return {}
@@ -98,3 +120,8 @@ class DataModule(HyperparametersMixin, DataHooks):
         from trainer.checkpoint.schema import load_datamodule_from_checkpoint
 
         return load_datamodule_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, overrides)
+
+
+def _size(loader: Any) -> str:
+    dataset = getattr(loader, "dataset", None)
+    return f"size={len(dataset)}" if isinstance(dataset, Sized) else "size=NA"

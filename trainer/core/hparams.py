@@ -140,6 +140,13 @@ def hparams_entries(owner: Any) -> dict[str, Any]:
     return entries
 
 
+def logs_hparams(module: Any, datamodule: Any) -> bool:
+    """Whether the loggers get `log_hyperparams` at fit start: unless both the module and the datamodule called
+    `save_hyperparameters(logger=False)` (Lightning sends the possibly empty `hparams_initial` otherwise)."""
+    return any(isinstance(owner, HyperparametersMixin) and owner.__dict__.get("_hparams_to_log", True)
+               for owner in (module, datamodule))
+
+
 def hparams_for_loggers(module: Any, datamodule: Any) -> dict[str, Any]:
     """What the loggers receive at fit start, as in Lightning: the `hparams_initial` of the module and the
     datamodule (each unless it called `save_hyperparameters(logger=False)`), merged.

@@ -335,14 +335,16 @@ class TrainModule(HyperparametersMixin, OptimizationHooks, ModuleConveniences, M
             )
         if not isinstance(name, str) or not name:
             raise MisconfigurationError(f"self.log() needs a non-empty string name, got {name!r}.")
-        check_log_options(name, enable_graph, sync_dist, sync_dist_group, add_dataloader_idx, rank_zero_only)
-        if self._trainer.barebones:  # Lightning's rule: a warning, and nothing recorded
+        if enable_graph or sync_dist_group is not None or rank_zero_only or "/dataloader_idx_" in name:
+            check_log_options(name, enable_graph, sync_dist, sync_dist_group, add_dataloader_idx, rank_zero_only)
+        state = self._trainer.fit_state
+        if state.spec.barebones:  # Lightning's rule: a warning, and nothing recorded
             rank_zero_warn(f"self.log({name!r}) under `Trainer(barebones=True)`: logging can impact raw speed, so "
                            "it is disabled in barebones mode; the value is not recorded.")
             return
-        self._trainer.fit_state.results.log(
+        state.results.log(
             name, value, on_step, on_epoch, prog_bar, True if logger is None else logger, sync_dist,
-            reduce_fx_name(reduce_fx), batch_size, add_dataloader_idx,
+            reduce_fx if type(reduce_fx) is str else reduce_fx_name(reduce_fx), batch_size, add_dataloader_idx,
         )
 
     def log_dict(

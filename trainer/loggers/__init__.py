@@ -4,12 +4,12 @@ mlflow and wandb only when their run starts (install them with the `mlflow` and 
 from typing import Any
 
 from trainer.loggers.base import Logger
-from trainer.loggers.csv import CSVLogger
+from trainer.loggers.csv import CSVLogger, ExperimentWriter
 from trainer.loggers.mlflow import MLFlowLogger
 from trainer.loggers.tensorboard import TensorBoardLogger
 from trainer.loggers.wandb import WandbLogger
 
-__all__ = ["CSVLogger", "Logger", "MLFlowLogger", "TensorBoardLogger", "WandbLogger"]
+__all__ = ["CSVLogger", "ExperimentWriter", "Logger", "MLFlowLogger", "TensorBoardLogger", "WandbLogger"]
 
 
 def __getattr__(name: str) -> Any:

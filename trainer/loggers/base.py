@@ -9,6 +9,7 @@ folder called 'None'.
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -47,12 +48,44 @@ def claim_version(root: AnyPath) -> int:
 
 
 def run_folder(logger: Logger, default_root_dir: str | Path) -> AnyPath:
-    """Where this run's files go besides the logger's own: its `log_dir`, or for a logger without a folder
-    `<save_dir or default_root_dir>/<name>/<version>` (e.g. `<root>/<experiment id>/<run id>` for MLflow)."""
-    if logger.log_dir is not None:
-        return to_path(logger.log_dir)
+    """Where this run's files go besides the logger's own (the default checkpoint folder's parent, Lightning's
+    rule): `<save_dir or default_root_dir>/<name>/<version>`, `version_N` for an int version. For TensorBoard and CSV
+    this is their `log_dir` (without TensorBoard's `sub_dir`); for MLflow `<root>/<experiment id>/<run id>`."""
     base = to_path(logger.save_dir) if logger.save_dir else to_path(default_root_dir)
-    return join(base, str(logger.name), str(logger.version))
+    version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
+    return join(base, *(part for part in (str(logger.name or ""), version) if part))
+
+
+def add_prefix(metrics: Mapping[str, Any], prefix: str, separator: str) -> Mapping[str, Any]:
+    """`metrics` with `prefix` + `separator` before every key (unchanged without a prefix)."""
+    if not prefix:
+        return metrics
+    return {f"{prefix}{separator}{key}": value for key, value in metrics.items()}
+
+
+class DummyExperiment:
+    """What `experiment` is on a rank other than 0: every method call does nothing, so a module's
+    `logger.experiment.add_image(...)` runs on every rank and writes once (Lightning's `rank_zero_experiment`)."""
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+    def __getitem__(self, index: int) -> DummyExperiment:
+        return self
+
+    def __setitem__(self, *args: Any) -> None:
+        pass
+
+
+def rank_zero_experiment(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """For an `experiment` property: the real object on global rank 0, a `DummyExperiment` on the others (no run
+    folder or writer is made there)."""
+
+    @functools.wraps(fn)
+    def experiment(self: Any) -> Any:
+        return fn(self) if rank_zero_only.rank == 0 else DummyExperiment()  # type: ignore[attr-defined]
+
+    return experiment
 
 
 def flatten_hparams(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -94,7 +127,8 @@ class Logger(ABC):
         ```
     """
 
-    WRITERS = ("log_metrics", "log_hyperparams", "finalize", "save", "log_artifact", "after_save_checkpoint")
+    WRITERS = ("log_metrics", "log_hyperparams", "log_graph", "finalize", "save", "log_artifact",
+               "after_save_checkpoint")
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -125,6 +159,16 @@ class Logger(ABC):
         logger keeps no folder of its own."""
         return None
 
+    @property
+    def root_dir(self) -> str | None:
+        """The folder that holds this logger's versions (`save_dir/name`), or None without one."""
+        return None
+
+    @property
+    def group_separator(self) -> str:
+        """What separates a metric's group from its name in this logger's display (`train/loss`)."""
+        return "/"
+
     @abstractmethod
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         """Record scalar metrics at `step` (the global step); epoch metrics carry an `epoch` key."""
@@ -132,6 +176,9 @@ class Logger(ABC):
     @abstractmethod
     def log_hyperparams(self, params: Mapping[str, Any]) -> None:
         """Record the run's hyperparameters (the module's and datamodule's `hparams`), once at fit start."""
+
+    def log_graph(self, model: Any, input_array: Any = None) -> None:  # noqa: B027 - most loggers draw no graph
+        """Record the model's computational graph (TensorBoardLogger with `log_graph=True`); called at fit start."""
 
     def save(self) -> None:  # noqa: B027 - loggers without buffers need nothing here
         """Flush buffered output."""
@@ -158,17 +205,22 @@ class Logger(ABC):
 
 
 class VersionedFolderLogger(Logger):
-    """A logger writing under `save_dir/name/version_N` (N = next free one unless `version` is given).
+    """A logger writing under `save_dir/name/version_N` (N = next free one unless `version` is given); a `name` of
+    None or "" puts the versions straight under `save_dir`.
 
     The free version is claimed by creating its folder (see `claim_version`) when rank 0 first asks for it.
-
-    `save_dir` may be an fsspec URL (`s3://bucket/logs`, `memory://logs`).
+    `save_dir` may be an fsspec URL (`s3://bucket/logs`, `memory://logs`). `prefix` goes before every metric key,
+    joined by `LOGGER_JOIN_CHAR`.
     """
 
-    def __init__(self, save_dir: str | Path, name: str, version: int | str | None = None) -> None:
+    LOGGER_JOIN_CHAR = "-"
+
+    def __init__(self, save_dir: str | Path, name: str | None, version: int | str | None = None,
+                 prefix: str = "") -> None:
         self._save_dir = to_path(save_dir)
-        self._name = name
+        self._name = name or ""
         self._version = version
+        self._prefix = prefix
 
     @property
     def name(self) -> str:
@@ -177,7 +229,7 @@ class VersionedFolderLogger(Logger):
     @property
     def version(self) -> int | str:
         if self._version is None:
-            self._version = claim_version(join(self._save_dir, self._name))
+            self._version = claim_version(to_path(self.root_dir))
         return self._version
 
     @property
@@ -185,9 +237,14 @@ class VersionedFolderLogger(Logger):
         return str(self._save_dir)
 
     @property
+    def root_dir(self) -> str:
+        """`save_dir/name` (`save_dir` without a name): the folder of the versions."""
+        return str(join(self._save_dir, self.name)) if self.name else str(self._save_dir)
+
+    @property
     def log_dir(self) -> str:
         version = self.version if isinstance(self.version, str) else f"version_{self.version}"
-        return str(join(self._save_dir, self._name, version))
+        return str(join(to_path(self.root_dir), version))
 
     def identity(self) -> Any:
         return self.version
@@ -195,3 +252,8 @@ class VersionedFolderLogger(Logger):
     def adopt_identity(self, identity: Any) -> None:
         if identity is not None:
             self._version = identity  # log_dir then names the folder rank 0 chose
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(vars(self))
+        state["_experiment"] = None  # a writer does not pickle (ddp_spawn sends the loggers); it reopens on use
+        return state

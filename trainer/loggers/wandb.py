@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from strategies.comm.distributed import rank_zero_only
 from trainer.loggers.artifacts import (
     changed_checkpoints,
     checkpoint_metadata,
@@ -48,6 +49,8 @@ class WandbLogger(Logger):
         experiment: an existing wandb run to log to, instead of starting one.
         prefix: put before every metric name, joined with `-`.
         checkpoint_name: the model artifact's name (default `model-<run id>`).
+        add_file_policy: how a checkpoint goes into its artifact: `"mutable"` (copied to W&B's staging area, the
+            default) or `"immutable"` (the file itself, which must not change until the upload).
         **kwargs: passed to `wandb.init` (`entity`, `group`, `tags`, `mode`, ...).
 
     Raises:
@@ -79,6 +82,7 @@ class WandbLogger(Logger):
         experiment: Any = None,
         prefix: str = "",
         checkpoint_name: str | None = None,
+        add_file_policy: Literal["mutable", "immutable"] = "mutable",
         **kwargs: Any,
     ) -> None:
         require("wandb", "wandb", "WandbLogger")
@@ -96,6 +100,7 @@ class WandbLogger(Logger):
         self._log_model = log_model
         self._prefix = prefix
         self._checkpoint_name = checkpoint_name
+        self._add_file_policy = add_file_policy
         self._experiment = experiment
         self._owns_run = experiment is None  # a run the user passed in is theirs to finish
         self._callback: ModelCheckpoint | None = None
@@ -153,12 +158,79 @@ class WandbLogger(Logger):
         """Into the run config (nested dicts stay nested; values that are not plain data become their repr)."""
         self.experiment.config.update(_plain(params), allow_val_change=True)
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         """Scalars; `step` goes in as `trainer/global_step`, every metric's x axis."""
         row = {f"{self._prefix}{self.LOGGER_JOIN_CHAR}{k}" if self._prefix else k: v for k, v in metrics.items()}
         if step is not None:
             row[STEP_METRIC] = step
         self.experiment.log(row)
+
+    # --- W&B's own objects (Lightning's WandbLogger methods; rank 0 only) ------------------------------------------
+    @rank_zero_only
+    def watch(self, model: Any, log: str | None = "gradients", log_freq: int = 100, log_graph: bool = True) -> None:
+        """Have W&B record `model`'s gradients and/or parameters every `log_freq` steps (`wandb.Run.watch`)."""
+        self.experiment.watch(model, log=log, log_freq=log_freq, log_graph=log_graph)
+
+    @rank_zero_only
+    def log_table(self, key: str, columns: list[Any] | None = None, data: list[list[Any]] | None = None,
+                  dataframe: Any = None, step: int | None = None) -> None:
+        """Log a `wandb.Table` of `columns` and `data` rows (or a pandas `dataframe`) under `key`."""
+        import wandb
+
+        self.log_metrics({key: wandb.Table(columns=columns, data=data, dataframe=dataframe)}, step)
+
+    @rank_zero_only
+    def log_text(self, key: str, columns: list[str] | None = None, data: list[list[str]] | None = None,
+                 dataframe: Any = None, step: int | None = None) -> None:
+        """Log text as a table (see `log_table`)."""
+        self.log_table(key, columns, data, dataframe, step)
+
+    @rank_zero_only
+    def log_image(self, key: str, images: list[Any], step: int | None = None, **kwargs: list[Any]) -> None:
+        """Log images (tensors, arrays, PIL images or paths) under `key`; each keyword is a list with one value per
+        image (e.g. `caption=[...]`) passed to its `wandb.Image`."""
+        self._log_media(key, images, "Image", step, kwargs)
+
+    @rank_zero_only
+    def log_audio(self, key: str, audios: list[Any], step: int | None = None, **kwargs: list[Any]) -> None:
+        """Log audio clips (arrays or paths), keywords per clip as in `log_image` (e.g. `sample_rate=[...]`)."""
+        self._log_media(key, audios, "Audio", step, kwargs)
+
+    @rank_zero_only
+    def log_video(self, key: str, videos: list[Any], step: int | None = None, **kwargs: list[Any]) -> None:
+        """Log videos (arrays or paths), keywords per video as in `log_image` (e.g. `fps=[...]`)."""
+        self._log_media(key, videos, "Video", step, kwargs)
+
+    def _log_media(self, key: str, items: list[Any], kind: str, step: int | None, kwargs: dict[str, list[Any]]) -> None:
+        if not isinstance(items, list):
+            raise TypeError(f"WandbLogger.log_{kind.lower()}({key!r}, ...) takes a list of items, got a "
+                            f"{type(items).__name__}.")
+        for name, values in kwargs.items():
+            if len(values) != len(items):
+                raise ValueError(f"WandbLogger.log_{kind.lower()}: {name}= has {len(values)} values for "
+                                 f"{len(items)} items; give one per item.")
+        import wandb
+
+        build = getattr(wandb, kind)
+        self.log_metrics({key: [build(item, **{k: v[i] for k, v in kwargs.items()})
+                                for i, item in enumerate(items)]}, step)
+
+    def use_artifact(self, artifact: str, artifact_type: str | None = None) -> Any:
+        """Declare `artifact` ("name:alias") an input of this run and return it (W&B's `use_artifact`; online)."""
+        return self.experiment.use_artifact(artifact, type=artifact_type)
+
+    @staticmethod
+    def download_artifact(artifact: str, save_dir: str | os.PathLike | None = None,
+                          artifact_type: str | None = None, use_artifact: bool | None = True) -> str:
+        """Download `artifact` to `save_dir` and return the folder: through the running W&B run (recorded as its
+        input) when there is one and `use_artifact`, else through W&B's public API (online)."""
+        import wandb
+
+        if use_artifact and wandb.run is not None:
+            found = wandb.run.use_artifact(artifact, type=artifact_type)
+        else:
+            found = wandb.Api().artifact(artifact, type=artifact_type)
+        return str(found.download(root=os.fspath(save_dir) if save_dir is not None else None))
 
     def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
         """Copy a local file into the run's files (uploaded with the run, or by `wandb sync` when offline)."""
@@ -199,7 +271,7 @@ class WandbLogger(Logger):
                 if Path(local).is_dir():  # a sharded checkpoint folder
                     artifact.add_dir(local, name="model.ckpt")
                 else:
-                    artifact.add_file(local, name="model.ckpt")
+                    artifact.add_file(local, name="model.ckpt", policy=self._add_file_policy)
                 aliases = ["latest", "best"] if path == callback.best_model_path else ["latest"]
                 self.experiment.log_artifact(artifact, aliases=aliases)  # add_file copied it to wandb's staging
 

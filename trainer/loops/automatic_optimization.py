@@ -62,10 +62,12 @@ def loss_from(out: Any) -> Tensor | None:
 class TrainingClosure:
     """One batch's training_step, agreement, zero_grad and backward; returns the detached loss (None: skipped).
 
-    `output` and `loss` keep what the last call's training_step returned; `calls` counts the calls.
+    `output` and `loss` keep what the last call's training_step returned, `detached` what it returned itself (the
+    loss detached, or None); `calls` counts the calls.
     """
 
-    __slots__ = ("loop", "batch", "batch_idx", "is_last", "is_last_micro", "zero_grad", "output", "loss", "calls")
+    __slots__ = ("loop", "batch", "batch_idx", "is_last", "is_last_micro", "zero_grad", "output", "loss", "detached",
+                 "calls")
 
     def __init__(self, loop: FitState, batch: Any, batch_idx: int, is_last: bool, is_last_micro: bool) -> None:
         self.loop, self.batch, self.batch_idx = loop, batch, batch_idx
@@ -73,14 +75,17 @@ class TrainingClosure:
         self.zero_grad = batch_idx % loop.schedule.accumulate_grad_batches == 0  # the first batch of its window
         self.output: Any = None
         self.loss: Tensor | None = None
+        self.detached: Tensor | None = None
         self.calls = 0
 
     def __call__(self) -> Tensor | None:
         loop = self.loop
         self.calls += 1
+        self.detached = None
         control = loop.control
         self.output = out = loop.run_step("training_step", self.batch, self.batch_idx)
-        self.loss = loss = loss_from(out)
+        # loss_from's own first check, here: the common output (a scalar loss tensor) needs no call
+        self.loss = loss = out if type(out) is Tensor and out.requires_grad and out.numel() == 1 else loss_from(out)
         # Every rank learns whether any rank skips (here), ran out of data or got a stop signal
         # (trainer/ranks/agreement.py).
         skip = control.after_training_step(loop, loss, self.is_last, True)
@@ -88,7 +93,9 @@ class TrainingClosure:
             zero_grad(loop, self.batch_idx)
         if skip or loss is None:
             return None
-        call_hook(loop, "on_before_backward", loss)
+        silent = loop.hooks.silent  # hooks nobody overrides: skipped without a call (trainer/hooks.py)
+        if "on_before_backward" not in silent:
+            call_hook(loop, "on_before_backward", loss)
         accumulate = loop.schedule.accumulate_grad_batches
         results = loop.results
         previous, results.current_fx = results.current_fx, "backward"
@@ -96,11 +103,14 @@ class TrainingClosure:
             loop.strategy.backward(loss / accumulate if accumulate > 1 else loss)
         finally:
             results.current_fx = previous
-        control.after_backward(loop)  # a NaN loss or differing metric names on any rank: every rank raises here
+        if control.in_flight is not None:  # a NaN loss or differing metric names on any rank: every rank raises here
+            control.after_backward(loop)
         loop.window_has_loss = True
         loop.position.phase = Phase.STEP_PENDING if self.is_last_micro else Phase.BACKWARD_DONE
-        call_hook(loop, "on_after_backward")
-        return loss.detach()
+        if "on_after_backward" not in silent:
+            call_hook(loop, "on_after_backward")
+        self.detached = detached = loss.detach()  # on_train_batch_end's outputs hold this same tensor (as Lightning's)
+        return detached
 
 
 class RestoredGradients:
@@ -116,7 +126,8 @@ class RestoredGradients:
 def zero_grad(loop: FitState, batch_idx: int) -> None:
     """on_before_zero_grad, then the module's `optimizer_zero_grad` (default: `optimizer.zero_grad()`)."""
     optimizer = loop.optimizers[0]
-    call_hook(loop, "on_before_zero_grad", optimizer)
+    if "on_before_zero_grad" not in loop.hooks.silent:
+        call_hook(loop, "on_before_zero_grad", optimizer)
     _call_module(loop, "optimizer_zero_grad", loop.progress.current_epoch, batch_idx, optimizer)
 
 
@@ -134,8 +145,9 @@ def step_window(loop: FitState, batch_idx: int, closure: TrainingClosure | Resto
     if not loop.window_has_loss:  # every batch of the window was skipped: no gradients, no step
         return
     progress = loop.progress
-    if loop.step_taken and loop.scheduler_stepper.has_step_schedulers:
-        loop.scheduler_stepper.step("step", progress.global_step + 1, loop.metrics.callback_metrics)
+    stepper = loop.scheduler_stepper
+    if loop.step_taken and stepper.configs and stepper.has_step_schedulers:  # no scheduler: no call
+        stepper.step("step", progress.global_step + 1, loop.metrics.callback_metrics)
     loop.position.phase = Phase.STEPPED
     progress.global_step += 1
     loop.window_has_loss = False
@@ -154,13 +166,15 @@ def after_closure(loop: FitState, optimizer: Optimizer) -> None:
     if not loop.window_has_loss:
         return
     loop.position.phase = Phase.STEP_PENDING  # also when this batch was skipped but the window has gradients
-    loop.strategy.unscale_gradients(optimizer)
-    call_hook(loop, "on_before_optimizer_step", optimizer)
+    strategy, spec = loop.strategy, loop.spec
+    if strategy.unscales_gradients:  # a precision without a loss scaler has nothing to undo
+        strategy.unscale_gradients(optimizer)
+    if "on_before_optimizer_step" not in loop.hooks.silent:
+        call_hook(loop, "on_before_optimizer_step", optimizer)
     if loop.custom_clipping:
-        spec = loop.spec
         _call_module(loop, "configure_gradient_clipping", optimizer, spec.gradient_clip_val,
                      spec.gradient_clip_algorithm)
-    else:
+    elif spec.gradient_clip_val:  # None or 0: no clipping
         loop.clip_gradients(optimizer)
 
 
@@ -205,10 +219,11 @@ def wrap_optimizers(loop: FitState, built: list[Optimizer]) -> list[StrategyOpti
 
 
 def _call_module(loop: FitState, name: str, *args: Any) -> Any:
-    """Call the module's own `name` (its default or the user's override), with `self.log` attributed to it."""
+    """Call the module's own `name` (its default or the user's override), with `self.log` attributed to it. The module
+    is the run's TrainModule (`loop.module`), the one every other module hook is called on (trainer/hooks.py)."""
     results = loop.results
     previous, results.current_fx = results.current_fx, name
     try:
-        return getattr(loop.strategy.module, name)(*args)
+        return getattr(loop.module, name)(*args)
     finally:
         results.current_fx = previous

@@ -91,8 +91,7 @@ def _eval_epoch_end(loop: FitState, results: Any, stage: RunningStage, prefix: s
     late = results.epoch_end(f"on_{prefix}_epoch_end")
     results.reset_metric_objects()  # after the hook, so compute() in it gives the epoch value (as in Lightning)
     merged = {k: {**computed[k], **late[k]} for k in computed}
-    epoch = loop.progress.current_epoch if loop.trainer.state.fn == TrainerFn.FITTING else None
-    loop.metrics.epoch_end(merged, step, epoch)
+    loop.metrics.epoch_end(merged, step, loop.progress.current_epoch)  # test/validate rows too (Lightning's `epoch`)
     return {k: float(v) for k, v in merged["callback"].items()}
 
 

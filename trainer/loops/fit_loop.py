@@ -27,29 +27,34 @@ if TYPE_CHECKING:
     from trainer.loops.fit_state import FitState
 
 
-def _detached(out: Any, loss: Tensor | None) -> Any:
-    """What on_train_batch_end receives: the step output with the loss detached (as in Lightning)."""
+def _detached(out: Any, loss: Tensor | None, detached: Tensor | None) -> Any:
+    """What on_train_batch_end receives: the step output with the loss detached (as in Lightning); `detached` is the
+    detached loss the closure returned, when it ran to the end (a skipped step detaches here)."""
     if loss is None:
         return out
+    if detached is None:
+        detached = loss.detach()
     if out is loss:
-        return {"loss": loss.detach()}
+        return {"loss": detached}
     if isinstance(out, Mapping):
-        return {**out, "loss": loss.detach()}
-    return {"loss": loss.detach()}
+        return {**out, "loss": detached}
+    return {"loss": detached}
 
 
-def train_one_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> Any:
+def train_one_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool, is_last_micro: bool) -> Any:
     """Automatic optimization (trainer/loops/automatic_optimization.py): on the batch that closes its accumulation
-    window the module's optimizer_step runs the closure (training_step, backward) and steps; other batches run the
-    closure."""
-    is_last_micro = loop.schedule.window_ends(batch_idx, is_last)
+    window (`is_last_micro`) the module's optimizer_step runs the closure (training_step, backward) and steps; other
+    batches run the closure."""
     closure = TrainingClosure(loop, batch, batch_idx, is_last, is_last_micro)
     if is_last_micro:
         step_window(loop, batch_idx, closure)
     else:
         with loop.strategy.no_backward_sync(True):  # wraps forward and backward
             closure()
-    return _detached(closure.output, closure.loss)
+    out, detached = closure.output, closure.detached
+    if detached is not None and out is closure.loss:  # the common output, a loss tensor: no call
+        return {"loss": detached}
+    return _detached(out, closure.loss, detached)
 
 
 def train_one_batch_manual(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> Any:
@@ -70,16 +75,14 @@ def run_train_epoch(loop: FitState) -> None:
     iterator, start = _start_epoch(loop, loader)
     runs_out, sampler, stopped = data.runs_out(loader, num_batches), resumable_sampler(loader), False
     position.before_fetch(sampler)
-    last_seen, action = False, loop.trainer.profiler.action  # a shared no-op context when not profiling
+    last_seen, train_batch = False, _profiled_train_batch if loop.trainer.profiler.enabled else _train_batch
     for batch_idx, batch, is_last in data.iterate(iterator, num_batches, start):
         last_seen = is_last
-        with action("run_training_batch"):
-            trained = _train_batch(loop, batch, batch_idx, is_last)
-        if not trained:
+        if not train_batch(loop, batch, batch_idx, is_last):
             break
         if is_last and runs_out:
             data.run_out(iterator)  # as a plain `for` loop over the loader does
-        if schedule.val_due(batch_idx, is_last):
+        if schedule.has_validation and schedule.val_due(batch_idx, is_last):
             _validate_during_fit(loop)
         if schedule.stop_in_epoch():
             stopped = not is_last
@@ -114,6 +117,12 @@ def _start_epoch(loop: FitState, loader: Any) -> tuple[Any, int]:
     return iterator, start
 
 
+def _profiled_train_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> bool:
+    """`_train_batch` timed as Lightning's "run_training_batch" action (a profiler is on)."""
+    with loop.trainer.profiler.action("run_training_batch"):
+        return _train_batch(loop, batch, batch_idx, is_last)
+
+
 def _train_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> bool:
     """One batch with its hooks, logging and an agreed stop; False when on_train_batch_start returned -1."""
     progress, results, metrics, position = loop.progress, loop.train_results, loop.metrics, loop.position
@@ -122,17 +131,22 @@ def _train_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> b
     metrics.train_batch_starts()
     batch = loop.to_device(batch, 0)
     results.set_batch(batch)
-    if call_hook(loop, "on_train_batch_start", batch, batch_idx) == -1:
+    silent = loop.hooks.silent  # hooks nobody overrides: skipped without a call (trainer/hooks.py)
+    if "on_train_batch_start" not in silent and call_hook(loop, "on_train_batch_start", batch, batch_idx) == -1:
         return False
-    step_fn = train_one_batch if loop.automatic else train_one_batch_manual
-    outputs = step_fn(loop, batch, batch_idx, is_last)
+    if loop.automatic:
+        stepped = loop.schedule.window_ends(batch_idx, is_last)
+        outputs = train_one_batch(loop, batch, batch_idx, is_last, stepped)
+    else:
+        stepped, outputs = True, train_one_batch_manual(loop, batch, batch_idx, is_last)
     progress.epoch_batches += 1
     progress.total_batches += 1
     position.phase = Phase.BETWEEN_BATCHES
-    call_hook(loop, "on_train_batch_end", outputs, batch, batch_idx)
-    stepped = not loop.automatic or loop.schedule.window_ends(batch_idx, is_last)
+    if "on_train_batch_end" not in silent:
+        call_hook(loop, "on_train_batch_end", outputs, batch, batch_idx)
     metrics.step_end(results, stepped, progress.current_epoch, loop.schedule.should_stop)
-    _stop_on_agreed_signal(loop)
+    if loop.control.stop_signal:  # agreed by every rank after this same batch
+        preemption.stop_and_exit(loop.trainer, loop.control.stop_signal)
     return True
 
 

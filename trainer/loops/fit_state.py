@@ -67,6 +67,7 @@ class FitState:
         window_has_loss: the open accumulation window has a backward in it.
         step_taken: the optimizer stepped in the running `optimizer_step` (False: skipped by an AMP overflow).
         resume_point: where a restored checkpoint left off, consumed by the next training epoch.
+        ckpt_path: the checkpoint the running (or last) run loaded, resolved (`trainer.ckpt_path`).
         module: the TrainModule attached to the run (None before the first one).
         compiler: the compile context of the `torch.compile` call `module` came wrapped in (None: not compiled);
             the strategy compiles the module's forward with it in every run (strategies/model/compiled.py).
@@ -97,6 +98,7 @@ class FitState:
     window_has_loss: bool = False
     step_taken: bool = False
     resume_point: ResumePoint | None = None
+    ckpt_path: str | None = None
     module: Any = None
     compiler: Any = None
     launcher_pid: int = field(default_factory=os.getpid)
@@ -130,6 +132,8 @@ class FitState:
 
     def to_device(self, batch: Any, dataloader_idx: int = 0) -> Any:
         """The batch on the run's device, through the batch-transfer hooks when the user defined any."""
+        if not self.transfer.active:  # no hook of the user's: the strategy's move, one call less per batch
+            return self.strategy.batch_to_device(batch)
         return self.transfer(self.strategy, batch, dataloader_idx)
 
     def clip_gradients(self, optimizer: Optimizer) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from torch import Tensor
 
-from trainer.core.hparams import hparams_for_loggers
+from trainer.core.hparams import hparams_for_loggers, logs_hparams
 from trainer.metrics.results import ResultCollection, to_python
 from trainer.state import Progress
 
@@ -64,11 +64,15 @@ class MetricsRouter:
         return dict(self._logged)
 
     def log_hyperparams(self, module: Any, datamodule: Any) -> None:
-        """Send the module's and datamodule's `hparams_initial` to every logger (trainer/core/hparams.py)."""
+        """At fit start, as Lightning: every logger gets the module's and datamodule's `hparams_initial`
+        (trainer/core/hparams.py; possibly empty), then `log_graph(module)`, then `save()`."""
         params = hparams_for_loggers(module, datamodule)
-        if params:
-            for logger in self.loggers:
+        send = logs_hparams(module, datamodule)
+        for logger in self.loggers:
+            if send:
                 logger.log_hyperparams(params)
+            logger.log_graph(module)
+            logger.save()
 
     def state_dict(self) -> dict[str, Any]:
         return {"callback": self.callback_metrics, "logged": self.logged_metrics}
@@ -107,6 +111,11 @@ class MetricsRouter:
         for logger in self.loggers:
             logger.log_metrics(values, step=step)
 
+    def add_callback_metrics(self, values: dict[str, Tensor]) -> None:
+        """Values a callback measured that other callbacks may monitor (LearningRateMonitor's `lr-*`): they join
+        `callback_metrics` only, as in Lightning."""
+        self._callback.update(values)
+
     def send_computed(self, values: dict[str, float], step: int) -> None:
         """Send values a callback computed to the loggers and into `logged_metrics` (Lightning's
         `trainer._logger_connector.log_metrics`, which ThroughputMonitor logs through); nothing without a logger."""
@@ -123,8 +132,8 @@ class MetricsRouter:
             return
         count = self._progress.stepped_batches + 1
         self._progress.stepped_batches = count
-        if not (self.log_due(count) or (stopping and self.loggers and self.log_every_n_steps > 0)):
-            return
+        if not self.loggers or not (self.log_due(count) or (stopping and self.log_every_n_steps > 0)):
+            return  # no logger: nothing goes out at any step (one check, no call)
         values = results.step_metrics("logger")
         if values:
             self._send({**to_python(values), "epoch": epoch}, count - 1)
@@ -164,3 +173,4 @@ class MetricsRouter:
         self._logged.update(values)
         for logger in self.loggers:
             logger.log_metrics(values, step=step)
+            logger.save()  # as Lightning: a CSV row reaches metrics.csv when it is logged, not 100 steps later

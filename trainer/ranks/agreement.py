@@ -76,14 +76,16 @@ class ControlPlane:
         self._depth = 0  # nesting of outside_steps()
         self.clock = StepClock()  # times training batches at the agreements: the hang bound follows the run
         self.step_may_skip = True  # training_step can return None: one synchronous round (set per run)
-        self._pending: tuple[Pending, list[str], Tensor | None] | None = None  # overlapped round, keys, loss
+        # The step's overlapped round in flight (round, keys, loss), waited for in after_backward; None when none
+        # (always with one process), so the closure calls after_backward only when there is one.
+        self.in_flight: tuple[Pending, list[str], Tensor | None] | None = None
 
     def start(self, strategy: Strategy) -> None:
         self._strategy = strategy
         self._rank, self._world = strategy.global_rank, strategy.world_size
         self.stop_signal = 0
         self._depth = 0
-        self._pending = None
+        self.in_flight = None
         self.clock.start(strategy)
 
     @contextmanager
@@ -145,10 +147,10 @@ class ControlPlane:
     def after_backward(self, loop: FitState) -> None:
         """Before the optimizer step: wait for the step's overlapped round (done by now: the gradient all-reduce
         brought the ranks together), act on it on every rank, then reduce the step's sync_dist metrics."""
-        if self._pending is None:
+        if self.in_flight is None:
             return
-        pending, keys, loss = self._pending
-        self._pending = None
+        pending, keys, loss = self.in_flight
+        self.in_flight = None
         agreed = pending.wait()
         if agreed[_SKIP]:  # a None the step's code does not show, on a rank whose backward had no collective
             raise self._unannounced_skip(loop, agreed[_SKIP] - 1)
@@ -158,7 +160,7 @@ class ControlPlane:
         """After a collective failed because a peer left or stopped answering: the reason that peer gave in this
         step's round, when the round completed (it ran out of data, or returned None it had not announced), so that
         every rank reports the cause instead of the lost contact. No collective."""
-        pending, self._pending = self._pending, None
+        pending, self.in_flight = self.in_flight, None
         if pending is None or not pending[0].done():
             return None
         try:
@@ -197,7 +199,7 @@ class ControlPlane:
         if loss is None:  # the step's code has no path to None: the others are on their way to backward
             flags[_SKIP] = self._rank + 1
         keys = self._known_after_step(loop, flags, loss)
-        self._pending = (self._strategy.start_agree(flags), keys, loss)
+        self.in_flight = (self._strategy.start_agree(flags), keys, loss)
         if loss is None:
             raise self._unannounced_skip(loop, self._rank)
 

@@ -81,7 +81,7 @@ def stop_checkpoint_path(trainer: Trainer) -> AnyPath:
     """Where the stop checkpoint goes: beside the run's other checkpoints, found again by ckpt_path="last"."""
     cb = trainer.checkpoint_callback
     if cb is not None and cb.dirpath is not None:
-        return join(cb.dirpath, STOP_CHECKPOINT_NAME)
+        return join(to_path(cb.dirpath), STOP_CHECKPOINT_NAME)
     return join(to_path(trainer.default_root_dir), "checkpoints", STOP_CHECKPOINT_NAME)
 
 

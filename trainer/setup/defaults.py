@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from strategies.exceptions import ConfigError
+from strategies.exceptions import ConfigError, StateKeyCollisionError
 from trainer.setup.flags import RunSpec
 from trainer.setup.loaded_classes import instances_of
 
@@ -48,7 +48,8 @@ def build_callbacks(callbacks: Any, spec: RunSpec) -> list[Any]:
                 raise ConfigError(f"callbacks contains {cb!r}, which is not a callbacks.Callback instance.")
     has_checkpoint = bool(instances_of(given, *_CHECKPOINT))
     if has_checkpoint and not spec.enable_checkpointing and not spec.fast_dev_run:
-        raise ConfigError("a ModelCheckpoint callback was given but enable_checkpointing=False; drop one of them.")
+        raise ConfigError("Trainer was configured with `enable_checkpointing=False` but found `ModelCheckpoint` in "
+                          "callbacks: drop one of them.")
     if spec.enable_checkpointing and not has_checkpoint:
         from callbacks.checkpoint import ModelCheckpoint
 
@@ -58,16 +59,49 @@ def build_callbacks(callbacks: Any, spec: RunSpec) -> list[Any]:
         given.append(bar)
     if spec.enable_model_summary and not instances_of(given, *_SUMMARY):
         given.append(_default_summary(bar))
-    checkpoints = {id(cb) for cb in instances_of(given, *_CHECKPOINT)}
     if spec.fast_dev_run:
+        checkpoints = {id(cb) for cb in instances_of(given, *_CHECKPOINT)}
         given = [cb for cb in given if id(cb) not in checkpoints]
-    keys = [cb.state_key for cb in given]
-    duplicates = sorted({k for k in keys if keys.count(k) > 1})
-    if duplicates:
-        raise ConfigError(
-            f"several callbacks share the state_key(s) {duplicates}; their checkpoint states would collide."
-        )
-    return [cb for cb in given if id(cb) not in checkpoints] + [cb for cb in given if id(cb) in checkpoints]
+    check_state_keys(given)
+    return order_callbacks(given)
+
+
+_TUNERS = (("callbacks.finders", "BatchSizeFinder"), ("callbacks.finders", "LearningRateFinder"))
+_SAVERS = (("callbacks.base", "Checkpoint"),)  # ModelCheckpoint, OnExceptionCheckpoint, a user's subclass
+
+
+def order_callbacks(callbacks: list[Any]) -> list[Any]:
+    """Lightning's order: the tuner's callbacks first (their search runs before the others start), the checkpoint
+    callbacks last (they save what the others left in their state), the rest as given."""
+    first = {id(cb) for kind in _TUNERS for cb in instances_of(callbacks, *kind)}
+    last = {id(cb) for kind in _SAVERS for cb in instances_of(callbacks, *kind)}
+    return ([cb for cb in callbacks if id(cb) in first] + [cb for cb in callbacks if id(cb) not in first | last]
+            + [cb for cb in callbacks if id(cb) in last])
+
+
+def check_state_keys(callbacks: list[Any]) -> None:
+    """Two callbacks with a state (`state_dict` overridden) may not share a `state_key`: one state would overwrite
+    the other in checkpoints. Callbacks without a state may repeat (two LearningRateMonitors, two plain Callbacks).
+
+    Raises:
+        StateKeyCollisionError: (a ConfigError and a RuntimeError) naming the type and the fix.
+    """
+    if not callbacks:
+        return  # nothing to compare, and `import callbacks` is not needed (a bare Trainer loads no callback module)
+    from callbacks.base import Callback
+    from trainer.hooks import is_overridden
+
+    seen: dict[str, Any] = {}
+    for cb in callbacks:
+        if not is_overridden(cb, "state_dict", Callback):
+            continue
+        if cb.state_key in seen:
+            raise StateKeyCollisionError(
+                f"Found more than one stateful callback of type `{type(cb).__name__}` with state_key "
+                f"{cb.state_key!r} (the other: a {type(seen[cb.state_key]).__name__}): their checkpoint states would "
+                "overwrite each other. Give them different arguments, or a `state_key` property that tells them "
+                "apart (Callback._generate_state_key).")
+        seen[cb.state_key] = cb
 
 
 def _progress_bar(given: list[Any], spec: RunSpec) -> Any:

@@ -9,9 +9,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from strategies.comm.distributed import rank_zero_info
-from strategies.exceptions import ConfigError, MisconfigurationError
+from strategies.exceptions import MisconfigurationError
 from trainer.hooks import is_overridden
 from trainer.ranks.step_returns import training_step_may_skip
+from trainer.setup.defaults import check_state_keys, order_callbacks
 from trainer.setup.step_signature import check_dataloader_idx, steps_without_batch_idx
 from trainer.setup.uncalled_hooks import refuse_uncalled_hooks
 from trainer.state import TrainerFn
@@ -23,11 +24,11 @@ if TYPE_CHECKING:
 
 def merge_model_callbacks(given: list[Any], returned: Any) -> list[Any]:
     """`given` with the callbacks from `configure_callbacks()`: one whose type is (a subclass of) a given callback's
-    type replaces every given callback of that type; ModelCheckpoint callbacks go last (Lightning's rule)."""
+    type replaces every given callback of that type; then Lightning's order (trainer/setup/defaults.py: the tuner's
+    callbacks first, the checkpoint callbacks last)."""
     if not returned:
         return given
     from callbacks.base import Callback
-    from callbacks.checkpoint import ModelCheckpoint
 
     model_callbacks = list(returned) if isinstance(returned, Sequence) else [returned]
     for cb in model_callbacks:
@@ -38,17 +39,11 @@ def merge_model_callbacks(given: list[Any], returned: Any) -> list[Any]:
     given_types = {type(cb) for cb in given} - {Callback}
     replaced = {kind for kind in given_types if any(issubclass(type(cb), kind) for cb in model_callbacks)}
     if replaced:
-        rank_zero_info("The callbacks from `configure_callbacks` replace the Trainer's: "
-                       f"{', '.join(sorted(kind.__name__ for kind in replaced))}")
+        rank_zero_info("The following callbacks returned in `configure_callbacks` will override existing callbacks "
+                       f"passed to Trainer: {', '.join(sorted(kind.__name__ for kind in replaced))}")
     merged = [cb for cb in given if type(cb) not in replaced] + model_callbacks
-    keys = [cb.state_key for cb in merged]
-    duplicates = sorted({k for k in keys if keys.count(k) > 1})
-    if duplicates:
-        raise ConfigError(f"configure_callbacks() adds callbacks whose state_key(s) {duplicates} are already used; "
-                          "their checkpoint states would collide.")
-    return [cb for cb in merged if not isinstance(cb, ModelCheckpoint)] + [
-        cb for cb in merged if isinstance(cb, ModelCheckpoint)
-    ]
+    check_state_keys(merged)
+    return order_callbacks(merged)
 
 
 def before_environment(trainer: Trainer, module: Any) -> None:
