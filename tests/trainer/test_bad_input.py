@@ -19,7 +19,7 @@ from trainer.exceptions import ConfigError, MisconfigurationError
     [
         ({"accelerator": "tpu"}, r"accelerator='tpu'.*Accepted values: auto, cpu, gpu, cuda, mps"),
         ({"strategy": "ddpp"}, r"strategy='ddpp' is not a known strategy. Accepted values: 'auto', 'ddp', "
-                               r"'ddp_find_unused_parameters_false', .*'ddp_spawn', .*'dp', 'single'"),
+                               r"'ddp_find_unused_parameters_false', .*'ddp_spawn', .*'dp', .*'single'"),
         ({"precision": "17"}, r"precision='17' is not a known precision. Accepted values: .*'32-true'"),
         ({"precision": 17}, r"precision=17 is not a known precision"),
         ({"devices": 0}, r"devices=0 is not valid: it must be an int >= 1"),
