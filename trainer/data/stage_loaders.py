@@ -38,6 +38,7 @@ class StageLoaders:
     _last: tuple[Any, ...] = ()
     requested_at: dict[str, float] = field(default_factory=dict)  # the epoch each fit stage's loaders were requested
     stale: bool = False  # a resumed fit's loaders were requested before its epoch was restored
+    seen: dict[str, list[int]] = field(default_factory=dict)  # evaluation batches run per loader since requested
 
     def resolve(self, spec: RunSpec, strategy: Strategy, module: Any, datamodule: Any, fn: TrainerFn,
                 given: dict[str, Any], only: str | None = None) -> None:
@@ -48,6 +49,7 @@ class StageLoaders:
 
         def prepare(stage: str, training: bool) -> tuple[list[Any], list[int | float]]:
             loaders = data.resolve_loaders(stage, given.get(stage), datamodule, module)
+            self.seen.pop(stage, None)  # new loaders count their batches from 0
             if spec.overfit_batches and fn == TrainerFn.FITTING:  # Lightning's rule: in fit only
                 loaders = overfit.in_order(loaders, stage)
             even = strategy.evaluation_shards_even
@@ -110,6 +112,13 @@ class StageLoaders:
         combined.flattened, combined.limits = prepared, limits
         self.train = TrainingBatches(combined)
         self.num_train = loader_length(self.train)
+
+    def batches_seen(self, stage: str, count: int) -> list[int]:
+        """How many batches of each `stage` ("val", "test") loader evaluations ran since the loaders were requested,
+        counted in place by the evaluation loop: Lightning's step for evaluation step values."""
+        seen = self.seen.setdefault(stage, [])
+        seen.extend([0] * (count - len(seen)))
+        return seen
 
     def sanity_checked(self) -> None:
         """Lightning does not count the sanity check's request of the validation loaders: with

@@ -34,11 +34,13 @@ def run_evaluation(loop: FitState, stage: RunningStage) -> list[dict[str, float]
         call_hook(loop, f"on_{prefix}_epoch_start")
         loaders, limits = loop.eval_loaders(stage)  # after the start hooks: BatchSizeFinder may rebuild them
         many = len(loaders) > 1
+        seen = None if stage == RunningStage.SANITY_CHECKING else \
+            loop.loaders.batches_seen("test" if stage == RunningStage.TESTING else "val", len(loaders))
         with loop.strategy.evaluation_context(_inference_mode(loop)), \
                 loop.trainer.profiler.action(_EVAL_ACTION[stage]):
             for dl_idx, (loader, limit) in enumerate(zip(loaders, limits, strict=True)):
                 results.key_suffix = f"/dataloader_idx_{dl_idx}" if many else ""
-                _evaluate_loader(loop, results, loader, limit, prefix, (dl_idx,) if many else ())
+                _evaluate_loader(loop, results, loader, limit, prefix, dl_idx, many, seen)
         results.key_suffix = ""
         metrics = _eval_epoch_end(loop, results, stage, prefix)
         if stage == RunningStage.VALIDATING:
@@ -51,19 +53,20 @@ def run_evaluation(loop: FitState, stage: RunningStage) -> list[dict[str, float]
     return _split_by_loader(metrics, len(loaders))
 
 
-def _evaluate_loader(loop: FitState, results: Any, loader: Any, limit: int | float, prefix: str,
-                     extra: tuple[int, ...]) -> None:
+def _evaluate_loader(loop: FitState, results: Any, loader: Any, limit: int | float, prefix: str, dl_idx: int,
+                     many: bool, seen: list[int] | None) -> None:
     """One evaluation loader. Its shards may hold different numbers of batches on different ranks (no padding, or
     no length): from the first step some rank may lack, every step is a round that every rank joins
     (`reduce_eval_step`, before and after the batch-end hook), so a per-step sync_dist value never leaves a rank
-    waiting; a rank that has run out joins the remaining rounds with nothing to add."""
-    control = loop.control
+    waiting; a rank that has run out joins the remaining rounds with nothing to add. After each batch its step
+    values go to the loggers, at the count of this loader's batches `seen` (None: the sanity check logs nothing)."""
+    control, extra = loop.control, (dl_idx,) if many else ()
     counts = control.eval_batch_counts(limit)  # None: the same known count on every rank (or one process)
     joined_from = math.inf if counts is None else max(min(counts), 0)  # counts known and different: the fewest
     more = counts is not None  # whether this rank must join the round at joined_from (or after its last step)
     for batch_idx, batch, is_last in data.iterate(loader, limit):
         results.defer_eval_sync = joined = batch_idx >= joined_from
-        batch = loop.to_device(batch, extra[0] if extra else 0)
+        batch = loop.to_device(batch, dl_idx)
         results.set_batch(batch)
         call_hook(loop, f"on_{prefix}_batch_start", batch, batch_idx, *extra)
         out = loop.run_step(f"{prefix}_step", batch, batch_idx, *extra)
@@ -72,6 +75,9 @@ def _evaluate_loader(loop: FitState, results: Any, loader: Any, limit: int | flo
         call_hook(loop, f"on_{prefix}_batch_end", out, batch, batch_idx, *extra)
         if joined:
             more = control.reduce_eval_step(results, more=not is_last)
+        if seen is not None:
+            loop.metrics.eval_step_end(results, seen[dl_idx])
+            seen[dl_idx] += 1
     results.defer_eval_sync = False
     while counts is not None and more:  # rounds of steps this rank does not have
         control.reduce_eval_step(results)
@@ -91,8 +97,7 @@ def _eval_epoch_end(loop: FitState, results: Any, stage: RunningStage, prefix: s
     late = results.epoch_end(f"on_{prefix}_epoch_end")
     results.reset_metric_objects()  # after the hook, so compute() in it gives the epoch value (as in Lightning)
     merged = {k: {**computed[k], **late[k]} for k in computed}
-    epoch = loop.progress.current_epoch if loop.trainer.state.fn == TrainerFn.FITTING else None
-    loop.metrics.epoch_end(merged, step, epoch)
+    loop.metrics.epoch_end(merged, step, loop.progress.current_epoch)  # `epoch` in validate/test too, as Lightning
     return {k: float(v) for k, v in merged["callback"].items()}
 
 

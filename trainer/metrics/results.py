@@ -73,6 +73,7 @@ class _Entry:
     metric: Any = None
     pending: bool = False  # logged since the last epoch_end
     alias_step: bool = False  # callback_metrics[name] shows the step value until the epoch value exists
+    suffix: str = ""  # "/dataloader_idx_N" when `name` ends with it: the forked keys put it last, as Lightning's
 
     def update_epoch(self, value: Tensor, batch_size: int) -> None:
         if self.reduce_fx == "mean":
@@ -101,10 +102,15 @@ class _Entry:
         return reduce(self.total, self.reduce_fx) if self.sync_dist else self.total
 
     def step_key(self) -> str:
-        return f"{self.name}_step" if self.on_epoch else self.name
+        return self._forked("_step") if self.on_epoch else self.name
 
     def epoch_key(self) -> str:
-        return f"{self.name}_epoch" if self.on_step else self.name
+        return self._forked("_epoch") if self.on_step else self.name
+
+    def _forked(self, tail: str) -> str:
+        """`loss_step/dataloader_idx_1` for `loss` logged in the second of several loaders (Lightning's key)."""
+        base = self.name[: len(self.name) - len(self.suffix)]
+        return f"{base}{tail}{self.suffix}"
 
 
 class ResultCollection:
@@ -154,7 +160,9 @@ class ResultCollection:
             if key not in self._before_batch:  # a checkpoint taken inside this batch rolls back to it
                 self._before_batch[key] = None if entry is None else dict(vars(entry))
             if entry is None:
-                entry = self.entries[key] = _Entry(key, step, epoch, prog_bar, logger, sync_dist, reduce_fx)
+                suffix = self.key_suffix if add_dataloader_idx else ""
+                entry = self.entries[key] = _Entry(key, step, epoch, prog_bar, logger, sync_dist, reduce_fx,
+                                                   suffix=suffix)
             entry.pending = True
             entry.alias_step = step
             if _is_metric(value):
@@ -287,7 +295,7 @@ class ResultCollection:
         return out
 
     _SAVED_FIELDS = ("name", "on_step", "on_epoch", "prog_bar", "logger", "sync_dist", "reduce_fx", "step_value",
-                     "total", "weight", "pending", "alias_step")
+                     "total", "weight", "pending", "alias_step", "suffix")
 
     def state_dict(self, before_batch: bool = False) -> dict[str, dict[str, Any]]:
         """The epoch accumulators, so a mid-epoch resume ends the epoch with the same values; with
@@ -295,14 +303,14 @@ class ResultCollection:
 
         torchmetrics objects keep their own state (on the module); only their bookkeeping is saved.
         """
-        fields = {key: vars(entry) for key, entry in self.entries.items()}
+        fields: dict[str, dict[str, Any]] = {key: vars(entry) for key, entry in self.entries.items()}
         if before_batch:
             for key, old in self._before_batch.items():
                 if old is None:
                     fields.pop(key, None)
                 else:
                     fields[key] = old
-        return {key: {f: values[f] for f in self._SAVED_FIELDS} for key, values in fields.items()}
+        return {key: {f: values[f] for f in self._SAVED_FIELDS if f in values} for key, values in fields.items()}
 
     def load_state_dict(self, state: dict[str, dict[str, Any]]) -> None:
         self.entries = {key: _Entry(**fields) for key, fields in state.items()}
