@@ -48,7 +48,8 @@ class Callback:
         """Called on every rank at the start of fit, validate, test and predict.
 
         It runs after the datamodule's `setup` and before the module moves to its device.
-        `stage` is 'fit', 'validate', 'test' or 'predict'.
+        `stage` (passed by keyword, as Lightning does) is the `TrainerFn` of the run, a str enum equal to 'fit',
+        'validate', 'test' or 'predict'.
         """
 
     def teardown(self, trainer: Trainer, pl_module: TrainModule, stage: str) -> None:

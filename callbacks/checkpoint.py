@@ -187,14 +187,27 @@ class ModelCheckpoint(Callback):
 
     # --- when ----------------------------------------------------------------------------------
     def _saves_on_train_epoch_end(self, trainer: Trainer) -> bool:
+        """Lightning's rule: at the training epoch's end (after the module's `on_train_epoch_end`, so a metric it
+        logs can be monitored) when the epoch validates once at its end or not at all; after validation when it
+        validates several times per epoch, by the clock, or not every epoch."""
         if self.save_on_train_epoch_end is not None:
             return self.save_on_train_epoch_end
-        if isinstance(trainer.val_check_interval, timedelta):  # Lightning's rule: save after the timed validations
+        if isinstance(trainer.val_check_interval, timedelta):  # save after the timed validations
             return False
-        return not trainer.num_val_batches or trainer.check_val_every_n_epoch != 1
+        if trainer.check_val_every_n_epoch != 1:
+            return False
+        return not sum(trainer.num_val_batches) or trainer.val_check_interval == 1.0
+
+    @staticmethod
+    def _skips_saving(trainer: Trainer) -> bool:
+        """Lightning's rule: nothing is saved outside fit, in the sanity check or with fast_dev_run."""
+        return bool(trainer.fast_dev_run) or trainer.state.fn is None or trainer.state.fn.value != "fit" \
+            or trainer.sanity_checking
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: TrainModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        if self._skips_saving(trainer):
+            return
         if self.every_n_train_steps and trainer.global_step and trainer.global_step % self.every_n_train_steps == 0:
             self._save(trainer)
         elif self.train_time_interval is not None:
@@ -205,12 +218,14 @@ class ModelCheckpoint(Callback):
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
         step_based = self.every_n_train_steps or self.train_time_interval is not None
-        if not step_based and self._saves_on_train_epoch_end(trainer) and self._epoch_due(trainer):
+        if self._skips_saving(trainer) or step_based or not self._saves_on_train_epoch_end(trainer):
+            return
+        if self._epoch_due(trainer):
             self._save(trainer)
 
     def on_validation_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
         step_based = self.every_n_train_steps or self.train_time_interval is not None
-        if trainer.sanity_checking or step_based or self._saves_on_train_epoch_end(trainer):
+        if self._skips_saving(trainer) or step_based or self._saves_on_train_epoch_end(trainer):
             return
         if self._epoch_due(trainer):
             self._save(trainer)

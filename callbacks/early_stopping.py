@@ -85,16 +85,22 @@ class EarlyStopping(Callback):
         self.best_score = state_dict["best_score"]
 
     def _on_train_epoch_end_enabled(self, trainer: Trainer) -> bool:
+        """Lightning's rule: check at the training epoch's end (after the module's `on_train_epoch_end`, so a metric
+        it logs can be monitored) when the epoch validates once at its end; after each validation otherwise."""
         if self.check_on_train_epoch_end is not None:
             return self.check_on_train_epoch_end
-        return not trainer.num_val_batches
+        return trainer.val_check_interval == 1.0 and trainer.check_val_every_n_epoch == 1
+
+    @staticmethod
+    def _skips_check(trainer: Trainer) -> bool:
+        return trainer.state.fn is None or trainer.state.fn.value != "fit" or trainer.sanity_checking
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
-        if self._on_train_epoch_end_enabled(trainer):
+        if self._on_train_epoch_end_enabled(trainer) and not self._skips_check(trainer):
             self._check(trainer)
 
     def on_validation_end(self, trainer: Trainer, pl_module: TrainModule) -> None:
-        if not trainer.sanity_checking and not self._on_train_epoch_end_enabled(trainer):
+        if not self._on_train_epoch_end_enabled(trainer) and not self._skips_check(trainer):
             self._check(trainer)
 
     def _evaluate(self, current: float) -> tuple[bool, str | None]:

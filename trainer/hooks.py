@@ -78,13 +78,28 @@ Notes on the pseudocode:
   when it defines them); `on_validation_model_eval` before `on_validation_start` (after
   `on_sanity_check_start`) and `on_validation_model_train` after `on_validation_end`, likewise for test
   and `on_predict_model_eval`; `on_validation_model_zero_grad` before a validation inside fit.
-- A fit() on a Trainer that already reached max_epochs/max_steps runs only setup, configure_optimizers,
-  on_fit_start, on_fit_end and teardown (as in Lightning).
+- `setup` and `teardown` get the run's `TrainerFn` by keyword (`stage="fit"`), the DataModule's first, then the
+  callbacks', then the module's (teardown likewise).
+- Where the loaders are requested (Lightning's order): `val_dataloader` inside the sanity check (after
+  on_sanity_check_start), `train_dataloader` after the sanity check, before on_train_start (and `val_dataloader`
+  there when no sanity check ran and the first epoch validates); `val/test/predict_dataloader` of validate/test/
+  predict after the module's `zero_grad()`, which runs before every stage (after on_fit_start in fit). A stage
+  whose loaders hold no batch (or whose limit is 0) runs none of its hooks. With
+  `reload_dataloaders_every_n_epochs` they are requested again at the epoch start / validation that is due.
+- Schedulers: step-interval ones right after the optimizer step, epoch-interval ones after the epoch's last batch
+  (both before on_train_batch_end); the ones that monitor a metric (ReduceLROnPlateau) after that batch's validation
+  or after on_train_epoch_end. Manual optimization steps its schedulers itself.
+- Evaluation hooks, from on_*_model_eval to on_*_model_train, run under `torch.inference_mode` (`no_grad` inside
+  fit); the module's mode is left as it is for training (no `.train()` at epoch start).
+- A `model.<hook> = None` switches the hook off (a `validation_step = None` the validation loop).
+- A fit() on a Trainer that already reached max_epochs/max_steps runs setup, configure_optimizers, on_fit_start,
+  the sanity check, `train_dataloader`, on_fit_end and teardown (as in Lightning).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -96,11 +111,40 @@ _MONITOR_AFTER_MODULE = frozenset({"on_train_epoch_end"})
 
 
 def is_overridden(obj: Any, name: str, base: type) -> bool:
-    """True when `obj` defines `name` differently from `base`'s no-op (or as an instance attribute)."""
-    if name in getattr(obj, "__dict__", {}):
-        return True
+    """Lightning's rule: `obj.name` has code other than `base.name`'s. A wrapper (`functools.wraps`,
+    `functools.partial`, `Mock(wraps=...)`) counts as what it wraps, and `obj.name = None` (Lightning's idiom to switch
+    a loop or a hook off) as not defined. A callable without code of its own (an object with `__call__`) counts."""
+    attr = getattr(obj, name, None) if obj is not None else None
+    if attr is None:
+        return False
+    attr = getattr(attr, "__wrapped__", attr)
+    if type(attr).__module__ == "unittest.mock":  # Mock(wraps=fn): the function it wraps (without importing mock)
+        attr = getattr(attr, "_mock_wraps", None)
+    elif isinstance(attr, partial):
+        attr = attr.func
+    if attr is None:
+        return False
+    default = getattr(base, name, None)
+    default = getattr(default, "__wrapped__", default)
+    code = getattr(attr, "__code__", None)
+    return code is None or code is not getattr(default, "__code__", None)
+
+
+def runs_hook(obj: Any, name: str, base: type) -> bool:
+    """Whether calling `obj.name` may do more than `base`'s no-op: a class override, or any callable instance
+    attribute (a wrapper of the default included, so that it is called as Lightning calls every hook); None or
+    another non-callable switches the hook off. Cheaper than `is_overridden`: the dispatcher asks it once per hook."""
+    own = getattr(obj, "__dict__", {})
+    if name in own:
+        return callable(own[name])
     impl = getattr(type(obj), name, None)
     return impl is not None and impl is not getattr(base, name, None)
+
+
+def module_hook(module: Any, name: str) -> Callable[..., Any] | None:
+    """`module.name` when it is callable, else None: a hook set to None is skipped, as Lightning skips it."""
+    fn = getattr(module, name, None)
+    return fn if callable(fn) else None
 
 
 class HookDispatcher:
@@ -132,7 +176,7 @@ class HookDispatcher:
         if trainer.callbacks:  # without any, callbacks.base need not be imported
             from callbacks.base import Callback
 
-            callbacks = [cb for cb in trainer.callbacks if is_overridden(cb, name, Callback)]
+            callbacks = [cb for cb in trainer.callbacks if runs_hook(cb, name, Callback)]
         calls: list[Callable[..., Any]] = []
         if name in _MONITOR_AFTER_MODULE:
             first = [cb for cb in callbacks if not getattr(cb, "is_monitoring_callback", False)]
@@ -140,7 +184,7 @@ class HookDispatcher:
         else:
             first, last = callbacks, []
         calls.extend(_callback_call(cb, name, trainer) for cb in first)
-        if module is not None and hasattr(module, name) and is_overridden(module, name, self._module_base):
+        if module is not None and runs_hook(module, name, self._module_base):
             calls.append(_profiled(trainer, f"[LightningModule]{type(module).__name__}.{name}", getattr(module, name)))
         calls.extend(_callback_call(cb, name, trainer) for cb in last)
         return calls

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from strategies.comm.distributed import rank_zero_info
 from strategies.exceptions import MisconfigurationError
 from trainer.setup.loaded_classes import instances_of
 from trainer.state import RunningStage
@@ -200,11 +201,14 @@ class TrainerProperties:
         if spec.max_epochs == -1:
             return math.inf if spec.max_steps == -1 else spec.max_steps
         loaders = self.fit_state.loaders
-        if loaders.train is None:
-            raise MisconfigurationError(
-                "estimated_stepping_batches needs the training data, which fit() resolves before "
-                "configure_optimizers(): read it there or in a later hook, not before fit()."
-            )
+        if "train" not in loaders.loaded:
+            if not loaders.defined("train"):
+                raise MisconfigurationError(
+                    "estimated_stepping_batches needs the training data: read it during fit() (in "
+                    "configure_optimizers or a later hook), not before."
+                )
+            rank_zero_info("Requesting the training loaders to estimate the number of stepping batches.")
+            self.fit_state.request_train()  # as Lightning does; the fit then keeps these loaders
         if loaders.num_train == math.inf:
             return spec.max_steps if spec.max_steps != -1 else math.inf
         steps = math.ceil(loaders.num_train / self.accumulate_grad_batches) * max(spec.max_epochs, 1)
@@ -212,8 +216,8 @@ class TrainerProperties:
 
     @property
     def num_val_batches(self) -> list[int | float]:
-        """Validation batches per loader after `limit_val_batches`."""
-        return list(self.fit_state.loaders.val_limits)
+        """Validation batches per loader after `limit_val_batches` (each iterable of a CombinedLoader counts)."""
+        return list(self.fit_state.loaders.counts.get("val", []))
 
     @property
     def sanity_checking(self) -> bool:
@@ -227,8 +231,24 @@ class TrainerProperties:
 
     @property
     def train_dataloader(self) -> Any:
-        """The training loader as the Trainer uses it (with its distributed sampler, if injected)."""
-        return self.fit_state.loaders.train
+        """The training loader(s) of the fit, as the Trainer uses them (a distributed sampler injected where needed),
+        in the shape they were given (one loader, a list or a dict); None before they are requested."""
+        return self.fit_state.loaders.collections.get("train")
+
+    @property
+    def val_dataloaders(self) -> Any:
+        """The validation loader(s) of the current or last run, in the shape given; None before they are requested."""
+        return self.fit_state.loaders.collections.get("val")
+
+    @property
+    def test_dataloaders(self) -> Any:
+        """The test loader(s) of the current or last `test()`, in the shape given; None before they are requested."""
+        return self.fit_state.loaders.collections.get("test")
+
+    @property
+    def predict_dataloaders(self) -> Any:
+        """The predict loader(s) of the current or last `predict()`, in the shape given; None before requested."""
+        return self.fit_state.loaders.collections.get("predict")
 
     @property
     def total_batches(self) -> int:
@@ -238,18 +258,22 @@ class TrainerProperties:
 
     @property
     def num_sanity_val_batches(self) -> list[int | float]:
-        """Sanity-check batches per validation loader (`num_sanity_val_steps`, capped by each loader's limit)."""
-        return self.fit_state.eval_loaders(RunningStage.SANITY_CHECKING)[1]
+        """Sanity-check batches per validation loader (`num_sanity_val_steps`, capped by each loader's limit); empty
+        outside fit, as in Lightning."""
+        if self.state.fn is None or self.state.fn.value != "fit":
+            return []
+        schedule = self.fit_state.schedule
+        return [schedule.sanity_steps(n) for n in self.fit_state.loaders.counts.get("val", [])]
 
     @property
     def num_test_batches(self) -> list[int | float]:
         """Test batches per loader after `limit_test_batches`."""
-        return list(self.fit_state.loaders.test_limits)
+        return list(self.fit_state.loaders.counts.get("test", []))
 
     @property
     def num_predict_batches(self) -> list[int | float]:
         """Predict batches per loader after `limit_predict_batches`."""
-        return list(self.fit_state.loaders.predict_limits)
+        return list(self.fit_state.loaders.counts.get("predict", []))
 
     @property
     def predict_loop(self) -> PredictLoop:

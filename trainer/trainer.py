@@ -21,7 +21,7 @@ from trainer.checkpoint.loop_position import LoopPosition, Phase
 from trainer.core.datamodule import DataModule
 from trainer.core.module import TrainModule
 from trainer.core.optimizer_setup import SchedulerStepper, normalize_optimizers
-from trainer.hooks import HookDispatcher, call_hook, is_overridden
+from trainer.hooks import HookDispatcher, call_hook, is_overridden, module_hook, runs_hook
 from trainer.loops import automatic_optimization as optimizer_path
 from trainer.loops import evaluation_loop
 from trainer.loops import fit_loop as loops
@@ -241,23 +241,20 @@ class Trainer(TrainerProperties):
             apply_cudnn_benchmark(loop.spec.benchmark, loop.spec.deterministic)
             run_start.prepare_data(self, model)
             if self.datamodule is not None:
-                self.datamodule.setup(stage)
-            call_hook(loop, "setup", stage)
+                self.datamodule.setup(stage=fn)
+            call_hook(loop, "setup", stage=fn)  # Lightning passes the TrainerFn ("fit", ...) by keyword
             run_start.configure_model(self.strategy, model)
-            loop.loaders.resolve(loop.spec, self.strategy, model, self.datamodule, fn, loaders)
+            loop.loaders.bind(loop.spec, self.strategy, model, self.datamodule, fn, loaders)  # requested by the loops
             run_start.read_signatures(loop, model, fn)
             run_start.sync_batchnorm(self, model)
             self.strategy.setup_module(model)
             if loop.compiler is not None:
                 self.strategy.compile_module(loop.compiler)
             path = resolve_ckpt_path(self, default_ckpt_path(self, fn, ckpt_path, model_given))
-            checkpoint = None
-            if path:
-                checkpoint = ckpt.load_checkpoint_file(self.strategy, path)
-                model.on_load_checkpoint(checkpoint)  # first, as in Lightning: it may edit the state_dict
-                ckpt.restore_module(self.strategy, checkpoint, path, strict=model.strict_loading)
+            checkpoint = self._restore_module(model, path) if path else None
             if fn == TrainerFn.FITTING:
                 return self._fit(model, checkpoint, path)
+            model.zero_grad()  # as Lightning, before every stage
             return self._evaluate_or_predict(fn, loaders)
         except BaseException as exc:
             self.state.status = TrainerStatus.INTERRUPTED
@@ -271,7 +268,17 @@ class Trainer(TrainerProperties):
                 raise clearer from exc
             raise
         finally:
-            self._teardown(stage)
+            self._teardown(fn)
+
+    def _restore_module(self, model: Any, path: Any) -> dict[str, Any]:
+        """Read the checkpoint and load the module's weights; the module's `on_load_checkpoint` comes first, as in
+        Lightning (it may edit the state_dict)."""
+        checkpoint = ckpt.load_checkpoint_file(self.strategy, path)
+        hook = module_hook(model, "on_load_checkpoint")
+        if hook is not None:
+            hook(checkpoint)
+        ckpt.restore_module(self.strategy, checkpoint, path, strict=model.strict_loading)
+        return checkpoint
 
     def _report_failure(self, exc: BaseException) -> BaseException | None:
         """Print the root cause rank-prefixed, first; name a lost or hung peer; say why a rank leaves early."""
@@ -325,7 +332,7 @@ class Trainer(TrainerProperties):
         loop = self.fit_state
         custom_scheduler_step = is_overridden(model, "lr_scheduler_step", TrainModule)
         setup = normalize_optimizers(model.configure_optimizers(), allow_none=not loop.automatic,
-                                     custom_scheduler_step=custom_scheduler_step)
+                                     custom_scheduler_step=custom_scheduler_step, automatic=loop.automatic)
         if loop.automatic and len(setup.optimizers) > 1:
             raise MisconfigurationError(
                 f"configure_optimizers() returned {len(setup.optimizers)} optimizers; automatic optimization "
@@ -345,7 +352,7 @@ class Trainer(TrainerProperties):
         loop.lr_scheduler_configs = setup.schedulers
         loop.scheduler_stepper = SchedulerStepper(setup.schedulers, model.lr_scheduler_step)
         loop.user_optimizers = optimizer_path.wrap_optimizers(loop, setup.optimizers)
-        loop.custom_clipping = is_overridden(model, "configure_gradient_clipping", TrainModule)
+        loop.custom_clipping = runs_hook(model, "configure_gradient_clipping", TrainModule)
         loop.progress.settle()  # a second fit() keeps the counters, as in Lightning
         loop.position.phase = Phase.BETWEEN_BATCHES
         loop.resume_point = None
@@ -355,9 +362,10 @@ class Trainer(TrainerProperties):
             if cb.dirpath is not None:
                 remove_stale_temp_files(cb.dirpath)
         loop.metrics.log_hyperparams(model, self.datamodule)
-        loop.schedule.start(loop.loaders.num_train, bool(loop.loaders.val), self.world_size)
+        loop.schedule.start(0, False, self.world_size)  # the batch counts once the loaders are requested
         loop.metrics.watch(loop.train_results)
         call_hook(loop, "on_fit_start")
+        model.zero_grad()  # as Lightning, before every stage
         self._signals.install()  # restored in _teardown
         with torch.autograd.set_detect_anomaly(loop.spec.detect_anomaly):
             loops.run_fit(loop)
@@ -378,12 +386,12 @@ class Trainer(TrainerProperties):
         folder = self.log_dir
         return None if "://" in folder else folder  # reports are local files; name a dirpath for a remote run
 
-    def _teardown(self, stage: str) -> None:
+    def _teardown(self, fn: TrainerFn) -> None:
         try:
             self.profiler.describe()
-            call_hook(self.fit_state, "teardown", stage)
-            if self.datamodule is not None:
-                self.datamodule.teardown(stage)
+            if self.datamodule is not None:  # the datamodule's first, as in Lightning
+                self.datamodule.teardown(stage=fn)
+            call_hook(self.fit_state, "teardown", stage=fn)
             for logger in self.loggers:
                 logger.finalize("success" if self.state.status == TrainerStatus.FINISHED else "failed")
             if self.state.status == TrainerStatus.FINISHED:

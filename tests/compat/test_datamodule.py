@@ -23,10 +23,10 @@ class Data(DataModule):
         self.epochs_seen = 0
 
     def setup(self, stage: str) -> None:
-        self.calls.append(f"setup:{stage}")
+        self.calls.append(f"setup:{stage.value}")  # a TrainerFn, as in Lightning
 
     def teardown(self, stage: str) -> None:
-        self.calls.append(f"teardown:{stage}")
+        self.calls.append(f"teardown:{stage.value}")
 
     def train_dataloader(self) -> Any:
         self.calls.append("train_dataloader")

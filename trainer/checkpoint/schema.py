@@ -173,8 +173,10 @@ def restore_training_state(loop: FitState, checkpoint: Mapping[str, Any], path: 
     per_rank = [{**loop, "rng": state} for loop, state in zip(loops, rng, strict=True)] if loops else [
         {"rng": state} for state in rng]
     loop.resume_point = plan_resume(loop, per_rank, path) if per_rank else None
-    if progress.epoch_finished:  # saved in on_train_epoch_end: finish that epoch's bookkeeping
-        loop.scheduler_stepper.step("epoch", progress.current_epoch + 1, loop.metrics.callback_metrics)
+    if progress.epoch_finished:  # saved in on_train_epoch_end: finish that epoch's bookkeeping (the schedulers
+        if loop.automatic:       # that monitor a metric step after that hook; the others stepped before it)
+            loop.scheduler_stepper.step("epoch", progress.current_epoch + 1, loop.metrics.callback_metrics,
+                                        plateau=True)
         progress.current_epoch += 1
         progress.epoch_finished, progress.epoch_batches, progress.epoch_opened = False, 0, False
     if trainer.datamodule is not None and "datamodule" in checkpoint:

@@ -75,7 +75,8 @@ class DataModule(HyperparametersMixin, DataHooks):
         return datamodule
 
     def setup(self, stage: str) -> None:
-        """Build datasets; `stage` is 'fit', 'validate', 'test' or 'predict'."""
+        """Build datasets; `stage` (by keyword) is the run's `TrainerFn`, equal to 'fit', 'validate', 'test' or
+        'predict'."""
 
     def teardown(self, stage: str) -> None:
         """Release what setup built."""

@@ -16,10 +16,14 @@ from strategies.comm.distributed import rank_zero_warn
 TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
 
 
-def _defines(obj: Any, name: str, base: type) -> bool:
-    from trainer.hooks import is_overridden
+def _defines(obj: Any, name: str, base: type, *, called_always: bool = False) -> bool:
+    """The DataModule's hook counts when it is overridden (Lightning's rule); the module's whenever calling it may do
+    something (`called_always`: Lightning calls the module's hook in any case, a wrapper of the default included)."""
+    from trainer.hooks import is_overridden, runs_hook
 
-    return obj is not None and is_overridden(obj, name, base)
+    if obj is None:
+        return False
+    return runs_hook(obj, name, base) if called_always else is_overridden(obj, name, base)
 
 
 class BatchTransfer:
@@ -41,10 +45,11 @@ class BatchTransfer:
 
         picked: list[Any] = []
         for name in TRANSFER_HOOKS:
-            in_data, in_module = _defines(datamodule, name, DataModule), _defines(module, name, TrainModule)
-            if in_data and in_module:
+            in_data = _defines(datamodule, name, DataModule)
+            if in_data and _defines(module, name, TrainModule):
                 rank_zero_warn(f"`{name}` is defined on both the TrainModule and the DataModule; the DataModule's "
                                "runs (as in Lightning).")
+            in_module = _defines(module, name, TrainModule, called_always=True)
             owner = datamodule if in_data else (module if in_module else None)
             picked.append(getattr(owner, name) if owner is not None else None)
         self._before, self._move, self._after = picked

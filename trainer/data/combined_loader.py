@@ -171,10 +171,10 @@ class CombinedLoader(Iterable):
 _DONE = object()
 
 
-class TrainingBatches(Iterable):
-    """What the fit loop iterates for a CombinedLoader: the combined batches only (Lightning passes a training step
-    the combined batch and no dataloader_idx), with the length the limits allow and `set_epoch` for every
-    iterable's sampler."""
+class CombinedBatches(Iterable):
+    """What a loop iterates for a CombinedLoader in a mode other than "sequential": the combined batches only
+    (Lightning passes the step the combined batch and no dataloader_idx), with the length the limits allow and
+    `set_epoch` for every iterable's sampler."""
 
     def __init__(self, combined: CombinedLoader) -> None:
         self.combined = combined

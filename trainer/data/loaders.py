@@ -27,28 +27,20 @@ def requested(stage: str, given: Any, datamodule: Any, module: Any) -> Any:
     return None
 
 
-def resolve_loaders(stage: str, given: Any, datamodule: Any, module: Any) -> list[Iterable]:
-    """The evaluation or prediction loaders for `stage`, in `dataloader_idx` order: one loader, a list or tuple,
-    the values of a dict, or the iterables of a `CombinedLoader(mode="sequential")`."""
+def resolve_loaders(stage: str, given: Any, datamodule: Any, module: Any) -> CombinedLoader | None:
+    """The evaluation or prediction loaders for `stage` as one CombinedLoader: the user's own, or the loaders
+    (one, a list or tuple, or a dict) read one after another ("sequential", in `dataloader_idx` order). None when
+    the stage has no source."""
     source = requested(stage, given, datamodule, module)
     if source is None:
-        return []
-    hook = _HOOKS[stage]
-    if isinstance(source, CombinedLoader):
-        if source.mode != "sequential":
-            raise MisconfigurationError(
-                f"{hook}: a CombinedLoader(mode={source.mode!r}) for {stage} is not supported here; evaluation and "
-                "prediction read several loaders one after another: use mode='sequential' (or pass a list)."
-            )
-        source = source.flattened
-    loaders = list(source.values()) if isinstance(source, dict) else \
-        list(source) if isinstance(source, (list, tuple)) else [source]
-    for loader in loaders:
+        return None
+    combined = source if isinstance(source, CombinedLoader) else CombinedLoader(source, "sequential")
+    for loader in combined.flattened:
         if not isinstance(loader, Iterable):
             raise MisconfigurationError(
-                f"{hook}() returned {type(loader).__name__}; return a DataLoader or an iterable."
+                f"{_HOOKS[stage]}() returned {type(loader).__name__}; return a DataLoader or an iterable."
             )
-    return loaders
+    return combined
 
 
 def set_epoch(loader: Iterable, epoch: int) -> None:

@@ -25,7 +25,7 @@ from strategies.comm.distributed import rank_zero_warn
 from strategies.exceptions import MisconfigurationError
 from strategies.wrapped_optimizer import StrategyOptimizer, wrap_optimizer
 from trainer.checkpoint.loop_position import Phase
-from trainer.hooks import call_hook, is_overridden
+from trainer.hooks import call_hook, is_overridden, module_hook
 
 if TYPE_CHECKING:
     from trainer.loops.fit_state import FitState
@@ -134,8 +134,8 @@ def step_window(loop: FitState, batch_idx: int, closure: TrainingClosure | Resto
     if not loop.window_has_loss:  # every batch of the window was skipped: no gradients, no step
         return
     progress = loop.progress
-    if loop.step_taken and loop.scheduler_stepper.has_step_schedulers:
-        loop.scheduler_stepper.step("step", progress.global_step + 1, loop.metrics.callback_metrics)
+    if loop.step_taken and loop.scheduler_stepper.has_step_schedulers:  # counted in batches of the epoch, as Lightning
+        loop.scheduler_stepper.step("step", batch_idx + 1, loop.metrics.callback_metrics, plateau=False)
     loop.position.phase = Phase.STEPPED
     progress.global_step += 1
     loop.window_has_loss = False
@@ -206,9 +206,12 @@ def wrap_optimizers(loop: FitState, built: list[Optimizer]) -> list[StrategyOpti
 
 def _call_module(loop: FitState, name: str, *args: Any) -> Any:
     """Call the module's own `name` (its default or the user's override), with `self.log` attributed to it."""
+    fn = module_hook(loop.strategy.module, name)
+    if fn is None:  # switched off with `module.<hook> = None`
+        return None
     results = loop.results
     previous, results.current_fx = results.current_fx, name
     try:
-        return getattr(loop.strategy.module, name)(*args)
+        return fn(*args)
     finally:
         results.current_fx = previous

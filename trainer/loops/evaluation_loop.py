@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from trainer.data import loaders as data
 from trainer.hooks import call_hook
 from trainer.loops.model_mode import ModuleMode
+from trainer.setup.step_signature import check_dataloader_idx
 from trainer.state import RunningStage, TrainerFn
 
 if TYPE_CHECKING:
@@ -22,22 +23,41 @@ _EVAL_ACTION = {RunningStage.VALIDATING: "run_validation", RunningStage.SANITY_C
 
 
 def run_evaluation(loop: FitState, stage: RunningStage) -> list[dict[str, float]]:
-    """Validation, sanity check or test over every eval loader; returns one metrics dict per loader."""
-    s, prefix, state = loop.strategy, _PREFIX[stage], loop.trainer.state
-    module, mode = s.module, ModuleMode()
+    """Validation, sanity check or test over every eval loader; returns one metrics dict per loader.
+
+    As Lightning's, all of it (the loaders' request and the hooks included) runs under `torch.inference_mode` (or
+    `no_grad`), and a stage whose loaders hold no batch runs no hook at all.
+    """
+    state, sanity = loop.trainer.state, stage == RunningStage.SANITY_CHECKING
     previous_stage, state.stage = state.stage, stage
+    try:
+        with loop.strategy.evaluation_context(_inference_mode(loop)):
+            if sanity:
+                call_hook(loop, "on_sanity_check_start")
+            loop.request_eval(stage)
+            metrics = _evaluate(loop, stage) if any(loop.eval_loaders(stage)[1]) else None
+            if sanity:
+                call_hook(loop, "on_sanity_check_end")
+    finally:
+        state.stage = previous_stage
+    return metrics or []
+
+
+def _evaluate(loop: FitState, stage: RunningStage) -> list[dict[str, float]]:
+    s, prefix = loop.strategy, _PREFIX[stage]
+    module, mode = s.module, ModuleMode()
+    loaders = loop.eval_loaders(stage)[0]
+    check_dataloader_idx(module, f"{prefix}_step", (f"on_{prefix}_batch_start", f"on_{prefix}_batch_end"),
+                         len(loaders) > 1)
     with loop.using_results(loop.new_eval_results()) as results:
-        if stage == RunningStage.SANITY_CHECKING:
-            call_hook(loop, "on_sanity_check_start")
         mode.enter(module, prefix)  # on_{validation,test}_model_eval
         call_hook(loop, f"on_{prefix}_start")
         call_hook(loop, f"on_{prefix}_epoch_start")
         loaders, limits = loop.eval_loaders(stage)  # after the start hooks: BatchSizeFinder may rebuild them
-        many = len(loaders) > 1
+        many = len(loaders) > 1  # read one after another (a non-sequential CombinedLoader is one stream)
         seen = None if stage == RunningStage.SANITY_CHECKING else \
             loop.loaders.batches_seen("test" if stage == RunningStage.TESTING else "val", len(loaders))
-        with loop.strategy.evaluation_context(_inference_mode(loop)), \
-                loop.trainer.profiler.action(_EVAL_ACTION[stage]):
+        with loop.trainer.profiler.action(_EVAL_ACTION[stage]):
             for dl_idx, (loader, limit) in enumerate(zip(loaders, limits, strict=True)):
                 results.key_suffix = f"/dataloader_idx_{dl_idx}" if many else ""
                 _evaluate_loader(loop, results, loader, limit, prefix, dl_idx, many, seen)
@@ -47,9 +67,6 @@ def run_evaluation(loop: FitState, stage: RunningStage) -> list[dict[str, float]
             loop.position.validation_finished()  # a checkpoint from on_validation_end on counts it as done
         call_hook(loop, f"on_{prefix}_end")
         mode.leave(module, prefix)  # on_{validation,test}_model_train, or the modes from before
-        if stage == RunningStage.SANITY_CHECKING:
-            call_hook(loop, "on_sanity_check_end")
-    state.stage = previous_stage
     return _split_by_loader(metrics, len(loaders))
 
 
@@ -118,16 +135,27 @@ def _split_by_loader(metrics: Mapping[str, float], count: int) -> list[dict[str,
 
 def run_predict(loop: FitState, return_predictions: bool = True) -> list[Any] | None:
     """Predict over every predict loader; returns predictions (a list per loader when several), on every rank
-    those of all ranks in the data set's order; None with `return_predictions=False`."""
-    module, mode, kept = loop.strategy.module, ModuleMode(), loop.predict_loop
-    mode.enter(module, "predict")  # on_predict_model_eval
+    those of all ranks in the data set's order; None with `return_predictions=False` or when the loaders hold no
+    batch (then no hook runs, as in Lightning). All of it runs under `torch.inference_mode` (or `no_grad`)."""
     loop.trainer.state.stage = RunningStage.PREDICTING
+    with loop.strategy.evaluation_context(_inference_mode(loop)):
+        loop.request_eval(RunningStage.PREDICTING)
+        if not any(loop.loaders.predict_limits):
+            return None
+        return _predict(loop, return_predictions)
+
+
+def _predict(loop: FitState, return_predictions: bool) -> list[Any] | None:
+    module, mode, kept = loop.strategy.module, ModuleMode(), loop.predict_loop
+    check_dataloader_idx(module, "predict_step", ("on_predict_batch_start", "on_predict_batch_end"),
+                         len(loop.loaders.predict) > 1)
+    mode.enter(module, "predict")  # on_predict_model_eval
     call_hook(loop, "on_predict_start")
     call_hook(loop, "on_predict_epoch_start")
     loaders, limits = loop.loaders.predict, loop.loaders.predict_limits  # after the hooks (BatchSizeFinder)
     kept.start(loaders, return_predictions, loop.trainer.callbacks, loop.strategy.world_size)
     many = len(loaders) > 1
-    with loop.strategy.evaluation_context(_inference_mode(loop)), loop.trainer.profiler.action("run_predict"):
+    with loop.trainer.profiler.action("run_predict"):
         for dl_idx, (loader, limit) in enumerate(zip(loaders, limits, strict=True)):
             extra = (dl_idx,) if many else ()
             for batch_idx, batch, _ in data.iterate(loader, limit):

@@ -10,6 +10,7 @@ that run the loop take the `FitState` instead of the Trainer. The results in use
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ from strategies.wrapped_optimizer import StrategyOptimizer
 from trainer.checkpoint.loop_position import LoopPosition
 from trainer.core.optimizer_setup import SchedulerConfig, SchedulerStepper
 from trainer.data.batch_transfer import BatchTransfer
+from trainer.data.sampling import resumable_sampler
 from trainer.data.stage_loaders import StageLoaders
 from trainer.hooks import HookDispatcher
 from trainer.loops.predictions import PredictLoop
@@ -142,23 +144,63 @@ class FitState:
         else:
             self.strategy.clip_gradients(optimizer, max_value=value)
 
-    def reload_if_due(self, stage: str) -> None:
-        """`reload_dataloaders_every_n_epochs`: the `stage` loaders requested again when due (before the epoch's
-        data is read, or before a validation), and the schedule on the new training batch count."""
-        if self.loaders.reload_due(stage, self.progress.current_epoch) and stage == "train":
-            self.schedule.set_batches(self.loaders.num_train, self.schedule.has_validation)
-            _draw_as_lightning_reload(self.loaders.train)
+    @property
+    def validation_enabled(self) -> bool:
+        """Lightning's `enable_validation`: the fit has a validation source, a `validation_step` and a non-zero
+        `limit_val_batches` (whether the loaders hold any batch is known once they are requested)."""
+        from trainer.core.module import TrainModule
+        from trainer.hooks import is_overridden
+
+        return self.spec.limit_val_batches != 0 and is_overridden(self.module, "validation_step", TrainModule) \
+            and self.loaders.defined("val")
+
+    def request_train(self) -> bool:
+        """The fit's training loaders: requested when first needed and again when `reload_dataloaders_every_n_epochs`
+        says so; the schedule follows their batch count. False when there is nothing to train
+        (`limit_train_batches=0`: nothing is requested, as in Lightning)."""
+        if self.spec.limit_train_batches == 0:
+            return False
+        epoch, loaders = self.progress.current_epoch, self.loaders
+        if not loaders.reload_due("train", epoch):
+            return True
+        again = "train" in loaders.loaded
+        loaders.load("train", epoch)
+        self.schedule.set_batches(loaders.num_train, self.schedule.has_validation)
+        point = self.resume_point
+        sampler = resumable_sampler(loaders.train)
+        if point is not None and point.sampler_state and sampler is not None:
+            sampler.keep_run_seed(point.sampler_state)  # the distributed shuffling seed of the run it continues
+        if again:
+            _draw_as_lightning_reload(loaders.train)
+        return True
+
+    def request_eval(self, stage: RunningStage) -> None:
+        """The loaders of an evaluation: for validate/test/predict every run requests them; in fit (sanity check and
+        validations) they are requested once and again when a reload is due. The sanity check's request counts as
+        one only in an epoch that validates (Lightning's rule)."""
+        loaders, epoch = self.loaders, self.progress.current_epoch
+        name = {RunningStage.TESTING: "test", RunningStage.PREDICTING: "predict"}.get(stage, "val")
+        if getattr(self.spec, f"limit_{name}_batches") == 0:  # a stage switched off requests nothing
+            return
+        if name != "val" or self.trainer.state.fn != TrainerFn.FITTING:
+            loaders.load(name)
+        elif loaders.reload_due("val", epoch):
+            loaders.load("val", epoch)
+            if stage == RunningStage.SANITY_CHECKING and not self.schedule.validates_this_epoch():
+                loaders.requested_at["val"] = -math.inf
 
     def reload_dataloaders(self) -> None:
         """Build this run's loaders again from their sources, and the fit's schedule on the new batch counts."""
         self.loaders.reload()
-        if self.trainer.state.fn == TrainerFn.FITTING:
-            self.schedule.start(self.loaders.num_train, bool(self.loaders.val), self.strategy.world_size)
+        if self.trainer.state.fn == TrainerFn.FITTING and "train" in self.loaders.loaded:
+            self.schedule.set_batches(self.loaders.num_train, self.schedule.has_validation)
 
     def eval_loaders(self, stage: RunningStage) -> tuple[list[Any], list[int | float]]:
         """The loaders an evaluation stage runs over, and how many batches of each (sanity: its few steps)."""
         if stage == RunningStage.TESTING:
             return self.loaders.test, self.loaders.test_limits
+        if stage == RunningStage.PREDICTING:
+            return self.loaders.predict, self.loaders.predict_limits
         if stage == RunningStage.SANITY_CHECKING:
             return self.loaders.val, [self.schedule.sanity_steps(n) for n in self.loaders.val_limits]
         return self.loaders.val, self.loaders.val_limits

@@ -23,8 +23,12 @@ class ModuleMode:
 
     def enter(self, module: nn.Module, stage: str) -> None:
         """Record the modes, then call `on_<stage>_model_eval` (stage: validation, test or predict)."""
+        from trainer.hooks import module_hook
+
         self._modes = {name: sub.training for name, sub in module.named_modules()}
-        getattr(module, f"on_{_HOOK_STAGE[stage]}_model_eval")()
+        hook = module_hook(module, f"on_{_HOOK_STAGE[stage]}_model_eval")
+        if hook is not None:
+            hook()
 
     def leave(self, module: nn.Module, stage: str) -> None:
         """Call an overridden `on_<stage>_model_train`, or restore the recorded modes."""
@@ -43,5 +47,8 @@ class ModuleMode:
 
 def zero_grad_before_validation(module: Any, window_open: bool) -> None:
     """`on_validation_model_zero_grad` before a validation inside fit, unless an accumulation window is open."""
-    if not window_open:
-        module.on_validation_model_zero_grad()
+    from trainer.hooks import module_hook
+
+    hook = module_hook(module, "on_validation_model_zero_grad")
+    if not window_open and hook is not None:
+        hook()

@@ -12,7 +12,7 @@ from strategies.comm.distributed import rank_zero_info
 from strategies.exceptions import ConfigError, MisconfigurationError
 from trainer.hooks import is_overridden
 from trainer.ranks.step_returns import training_step_may_skip
-from trainer.setup.step_signature import check_dataloader_idx, steps_without_batch_idx
+from trainer.setup.step_signature import steps_without_batch_idx
 from trainer.setup.uncalled_hooks import refuse_uncalled_hooks
 from trainer.state import TrainerFn
 
@@ -85,7 +85,6 @@ def configure_model(strategy: Any, module: Any) -> None:
             module.configure_model()
 
 
-_EVAL_HOOKS = {TrainerFn.VALIDATING: "validation", TrainerFn.TESTING: "test", TrainerFn.PREDICTING: "predict"}
 
 
 def sync_batchnorm(trainer: Trainer, module: Any) -> None:
@@ -98,15 +97,10 @@ def sync_batchnorm(trainer: Trainer, module: Any) -> None:
 
 
 def read_signatures(loop: FitState, module: Any, fn: TrainerFn) -> None:
-    """Once per run, after the loaders are known: which steps take `batch_idx`, whether training_step can return
-    None (the agreement's shape, trainer/ranks/agreement.py), whether the evaluation steps and batch hooks take
-    `dataloader_idx` when there are several loaders, and the batch-transfer hooks."""
+    """Once per run: which steps take `batch_idx`, whether training_step can return None (the agreement's shape,
+    trainer/ranks/agreement.py), and the batch-transfer hooks. Whether the evaluation steps take `dataloader_idx` is
+    checked when their loaders are known (trainer/loops/evaluation_loop.py)."""
     loop.no_batch_idx = steps_without_batch_idx(module)
     # One process agrees with nobody: the source of training_step (0.4 ms to read) is needed with several only.
     loop.control.step_may_skip = training_step_may_skip(module) if loop.strategy.world_size > 1 else True
     loop.transfer.resolve(module, loop.trainer.datamodule)
-    stage = _EVAL_HOOKS.get(fn, "validation")
-    loaders = {"validation": loop.loaders.val, "test": loop.loaders.test, "predict": loop.loaders.predict}[stage]
-    if loaders:
-        check_dataloader_idx(module, f"{stage}_step",
-                             (f"on_{stage}_batch_start", f"on_{stage}_batch_end"), len(loaders) > 1)

@@ -45,7 +45,8 @@ def takes_batch_idx(fn: Callable[..., Any]) -> bool:
 
 def steps_without_batch_idx(module: Any) -> frozenset[str]:
     """The step methods of `module` that are called without `batch_idx`."""
-    return frozenset(name for name in STEP_NAMES if not takes_batch_idx(getattr(module, name)))
+    return frozenset(name for name in STEP_NAMES if callable(fn := getattr(module, name, None))
+                     and not takes_batch_idx(fn))
 
 
 def check_dataloader_idx(module: Any, step: str, hooks: tuple[str, ...], many: bool) -> None:
@@ -54,7 +55,9 @@ def check_dataloader_idx(module: Any, step: str, hooks: tuple[str, ...], many: b
     With one loader they do not get it, so a `dataloader_idx` without a default is an error too.
     """
     for name in (step, *hooks):
-        fn = getattr(module, name)
+        fn = getattr(module, name, None)
+        if not callable(fn):  # switched off with `module.<hook> = None`
+            continue
         spec = _parameters(fn)
         params = inspect.signature(fn).parameters
         present = "dataloader_idx" in spec.args or spec.varargs is not None
