@@ -108,6 +108,11 @@ if TYPE_CHECKING:
 
 # Hooks for which monitoring callbacks must run after the module (see module docstring).
 _MONITOR_AFTER_MODULE = frozenset({"on_train_epoch_end"})
+# `call_hook(loop, "on_train_epoch_end")` calls the other callbacks and the module; the loop calls
+# `call_hook(loop, "on_train_epoch_end" + MONITORING)` for the monitoring callbacks once the values the module
+# logged there are in `callback_metrics` (as Lightning's, computed when read).
+MONITORING = ":monitoring"
+_LOGGED_AS = {name + MONITORING: name for name in _MONITOR_AFTER_MODULE}  # what `self.log` in such a part counts as
 
 
 def is_overridden(obj: Any, name: str, base: type) -> bool:
@@ -172,21 +177,20 @@ class HookDispatcher:
     def _resolve(self, name: str) -> list[Callable[..., Any]]:
         trainer = self._trainer
         module = trainer.lightning_module
+        name, _, part = name.partition(":")
         callbacks: list[Any] = []
         if trainer.callbacks:  # without any, callbacks.base need not be imported
             from callbacks.base import Callback
 
             callbacks = [cb for cb in trainer.callbacks if runs_hook(cb, name, Callback)]
-        calls: list[Callable[..., Any]] = []
         if name in _MONITOR_AFTER_MODULE:
-            first = [cb for cb in callbacks if not getattr(cb, "is_monitoring_callback", False)]
-            last = [cb for cb in callbacks if getattr(cb, "is_monitoring_callback", False)]
-        else:
-            first, last = callbacks, []
-        calls.extend(_callback_call(cb, name, trainer) for cb in first)
+            monitoring = [cb for cb in callbacks if getattr(cb, "is_monitoring_callback", False)]
+            if part:  # the monitoring callbacks' turn
+                return [_callback_call(cb, name, trainer) for cb in monitoring]
+            callbacks = [cb for cb in callbacks if cb not in monitoring]
+        calls = [_callback_call(cb, name, trainer) for cb in callbacks]
         if module is not None and runs_hook(module, name, self._module_base):
             calls.append(_profiled(trainer, f"[LightningModule]{type(module).__name__}.{name}", getattr(module, name)))
-        calls.extend(_callback_call(cb, name, trainer) for cb in last)
         return calls
 
 
@@ -225,7 +229,7 @@ def call_hook(loop: FitState, name: str, *args: Any, **kwargs: Any) -> Any:
         return None
     results = loop.results
     previous = results.current_fx
-    results.current_fx = name
+    results.current_fx = _LOGGED_AS.get(name, name)
     returned = None
     try:
         for fn in targets:

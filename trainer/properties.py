@@ -29,6 +29,7 @@ class TrainerProperties:
     """Mixed into Trainer: Lightning's read-only properties, each a one-line view of the run's state."""
 
     fit_state: FitState
+    init_flags: dict[str, Any]
     strategy: Any
     state: Any
     callbacks: list[Any]
@@ -56,8 +57,12 @@ class TrainerProperties:
 
     gradient_clip_val = property(lambda self: self.fit_state.spec.gradient_clip_val)
     """The clipping threshold, or None."""
-    gradient_clip_algorithm = property(lambda self: self.fit_state.spec.gradient_clip_algorithm)
-    """`"norm"` or `"value"`."""
+    @property
+    def gradient_clip_algorithm(self) -> str | None:
+        """`"norm"` or `"value"` as given to the Trainer; None when not given (clipping then goes by norm), as in
+        Lightning, which passes it so to `configure_gradient_clipping`."""
+        return None if self.init_flags.get("gradient_clip_algorithm") is None else \
+            self.fit_state.spec.gradient_clip_algorithm
     check_val_every_n_epoch = property(lambda self: self.fit_state.spec.check_val_every_n_epoch)
     """Validate every N epochs (None: count `val_check_interval` batches across epochs)."""
     val_check_interval = property(lambda self: self.fit_state.spec.val_check_interval)

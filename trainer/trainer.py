@@ -92,7 +92,7 @@ class Trainer(TrainerProperties):
         num_sanity_val_steps: int | None = None,
         accumulate_grad_batches: int = 1,
         gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str | None = "norm",
+        gradient_clip_algorithm: str | None = None,
         callbacks: Any = None,
         logger: Any = None,
         log_every_n_steps: int | None = None,

@@ -61,7 +61,8 @@ class OptimizationHooks:
                                     gradient_clip_algorithm: str | None = None) -> None:
         """Clip before each optimizer step; overridden, it is called at every step with the Trainer's
         `gradient_clip_val` and `gradient_clip_algorithm`. Call `self.clip_gradients(...)` with your own values."""
-        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val,
+                            gradient_clip_algorithm=gradient_clip_algorithm)
 
     def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
         """Step one scheduler at its interval: `scheduler.step()`, or `scheduler.step(metric)` for one that monitors a

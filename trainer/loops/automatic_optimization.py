@@ -156,10 +156,9 @@ def after_closure(loop: FitState, optimizer: Optimizer) -> None:
     loop.position.phase = Phase.STEP_PENDING  # also when this batch was skipped but the window has gradients
     loop.strategy.unscale_gradients(optimizer)
     call_hook(loop, "on_before_optimizer_step", optimizer)
-    if loop.custom_clipping:
-        spec = loop.spec
-        _call_module(loop, "configure_gradient_clipping", optimizer, spec.gradient_clip_val,
-                     spec.gradient_clip_algorithm)
+    if loop.custom_clipping:  # Lightning passes the flags by keyword, the algorithm None when not given
+        _call_module(loop, "configure_gradient_clipping", optimizer, gradient_clip_val=loop.spec.gradient_clip_val,
+                     gradient_clip_algorithm=loop.trainer.gradient_clip_algorithm)
     else:
         loop.clip_gradients(optimizer)
 
@@ -204,7 +203,7 @@ def wrap_optimizers(loop: FitState, built: list[Optimizer]) -> list[StrategyOpti
                            type(user)) for optimizer, user in zip(loop.optimizers, built, strict=True)]
 
 
-def _call_module(loop: FitState, name: str, *args: Any) -> Any:
+def _call_module(loop: FitState, name: str, *args: Any, **kwargs: Any) -> Any:
     """Call the module's own `name` (its default or the user's override), with `self.log` attributed to it."""
     fn = module_hook(loop.strategy.module, name)
     if fn is None:  # switched off with `module.<hook> = None`
@@ -212,6 +211,6 @@ def _call_module(loop: FitState, name: str, *args: Any) -> Any:
     results = loop.results
     previous, results.current_fx = results.current_fx, name
     try:
-        return fn(*args)
+        return fn(*args, **kwargs)
     finally:
         results.current_fx = previous

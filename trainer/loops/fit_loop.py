@@ -15,7 +15,7 @@ from trainer.checkpoint import resume
 from trainer.checkpoint.loop_position import Phase
 from trainer.data import loaders as data
 from trainer.data.sampling import resumable_sampler
-from trainer.hooks import call_hook
+from trainer.hooks import MONITORING, call_hook
 from trainer.loops.automatic_optimization import TrainingClosure, step_window
 from trainer.loops.evaluation_loop import run_evaluation
 from trainer.loops.model_mode import zero_grad_before_validation
@@ -182,8 +182,9 @@ def _train_epoch_end(loop: FitState, complete: bool) -> None:
     results, p, metrics = loop.train_results, loop.progress, loop.metrics
     loop.control.epoch_ends()  # epoch-end hooks and the next epoch's data loaders: no step bound
     metrics.epoch_end(results.epoch_end("training epoch end"), metrics.train_epoch_step, p.current_epoch)
-    call_hook(loop, "on_train_epoch_end")
+    call_hook(loop, "on_train_epoch_end")  # the callbacks, then the module
     metrics.epoch_end(results.epoch_end("on_train_epoch_end"), metrics.train_epoch_step, p.current_epoch)
+    call_hook(loop, "on_train_epoch_end" + MONITORING)  # then ModelCheckpoint & co., seeing what the module logged
     results.reset_metric_objects()  # after the epoch-end hooks, so compute() in them gives the epoch value
     if complete and loop.automatic:
         loop.scheduler_stepper.step("epoch", p.current_epoch + 1, metrics.callback_metrics, plateau=True)
