@@ -106,6 +106,8 @@ if TYPE_CHECKING:
     from trainer.loops.fit_state import FitState
     from trainer.trainer import Trainer
 
+# Lightning's prefixes of an object's actions in a profiler report, kept as a report of Lightning's shows them
+MODULE, DATAMODULE, STRATEGY = "[LightningModule]", "[LightningDataModule]", "[Strategy]"
 # Hooks for which monitoring callbacks must run after the module (see module docstring).
 _MONITOR_AFTER_MODULE = frozenset({"on_train_epoch_end"})
 # `call_hook(loop, "on_train_epoch_end")` calls the other callbacks and the module; the loop calls
@@ -189,14 +191,21 @@ class HookDispatcher:
                 return [_callback_call(cb, name, trainer) for cb in monitoring]
             callbacks = [cb for cb in callbacks if cb not in monitoring]
         calls = [_callback_call(cb, name, trainer) for cb in callbacks]
-        if module is not None and runs_hook(module, name, self._module_base):
-            calls.append(_profiled(trainer, f"[LightningModule]{type(module).__name__}.{name}", getattr(module, name)))
+        # Lightning calls (and so profiles) every module hook; without a profiler only the ones that do something
+        profiling_default = trainer.profiler.enabled and callable(getattr(self._module_base, name, None))
+        if module is not None and (runs_hook(module, name, self._module_base)
+                                   or profiling_default and module_hook(module, name) is not None):
+            calls.append(_profiled(trainer, f"{MODULE}{type(module).__name__}.{name}", getattr(module, name)))
         return calls
 
 
 def _profiled(trainer: Trainer, action: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn` timed under Lightning's action name when a profiler is on; `fn` itself (no cost) when not."""
-    profiler = trainer.profiler
+    return timed(trainer.profiler, action, fn)
+
+
+def timed(profiler: Any, action: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` timed as `action` when `profiler` is on; `fn` itself (no cost) when it is off."""
     if not profiler.enabled:
         return fn
 
@@ -205,6 +214,12 @@ def _profiled(trainer: Trainer, action: str, fn: Callable[..., Any]) -> Callable
             return fn(*args, **kwargs)
 
     return call
+
+
+def profiled_method(profiler: Any, obj: Any, name: str, tag: str) -> Callable[..., Any]:
+    """`obj.name`, timed as Lightning names it (`[LightningModule]MyModel.configure_optimizers`, ...) when profiling;
+    `tag` is one of MODULE, DATAMODULE, STRATEGY."""
+    return timed(profiler, f"{tag}{type(obj).__name__}.{name}", getattr(obj, name))
 
 
 def _callback_call(callback: Any, name: str, trainer: Trainer) -> Callable[..., Any]:

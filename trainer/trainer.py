@@ -21,7 +21,16 @@ from trainer.checkpoint.loop_position import LoopPosition, Phase
 from trainer.core.datamodule import DataModule
 from trainer.core.module import TrainModule
 from trainer.core.optimizer_setup import SchedulerStepper, normalize_optimizers
-from trainer.hooks import HookDispatcher, call_hook, is_overridden, module_hook, runs_hook
+from trainer.hooks import (
+    DATAMODULE,
+    MODULE,
+    HookDispatcher,
+    call_hook,
+    is_overridden,
+    module_hook,
+    profiled_method,
+    runs_hook,
+)
 from trainer.loops import automatic_optimization as optimizer_path
 from trainer.loops import evaluation_loop
 from trainer.loops import fit_loop as loops
@@ -136,6 +145,7 @@ class Trainer(TrainerProperties):
             schedule=FitSchedule(spec, progress), control=control, metrics=metrics, hooks=HookDispatcher(self,
             TrainModule), train_results=train_results, results=train_results,
         )
+        self.fit_state.loaders.profiler = self.profiler
 
     # --- entry points -------------------------------------------------------------------------------
     def fit(self, model: Any, train_dataloaders: Any = None, val_dataloaders: Any = None,
@@ -241,9 +251,9 @@ class Trainer(TrainerProperties):
             apply_cudnn_benchmark(loop.spec.benchmark, loop.spec.deterministic)
             run_start.prepare_data(self, model)
             if self.datamodule is not None:
-                self.datamodule.setup(stage=fn)
+                profiled_method(self.profiler, self.datamodule, "setup", DATAMODULE)(stage=fn)
             call_hook(loop, "setup", stage=fn)  # Lightning passes the TrainerFn ("fit", ...) by keyword
-            run_start.configure_model(self.strategy, model)
+            run_start.configure_model(self.strategy, model, self.profiler)
             loop.loaders.bind(loop.spec, self.strategy, model, self.datamodule, fn, loaders)  # requested by the loops
             run_start.read_signatures(loop, model, fn)
             run_start.sync_batchnorm(self, model)
@@ -331,7 +341,8 @@ class Trainer(TrainerProperties):
     def _fit(self, model: Any, checkpoint: dict[str, Any] | None, path: Any) -> None:
         loop = self.fit_state
         custom_scheduler_step = is_overridden(model, "lr_scheduler_step", TrainModule)
-        setup = normalize_optimizers(model.configure_optimizers(), allow_none=not loop.automatic,
+        configure = profiled_method(self.profiler, model, "configure_optimizers", MODULE)
+        setup = normalize_optimizers(configure(), allow_none=not loop.automatic,
                                      custom_scheduler_step=custom_scheduler_step, automatic=loop.automatic)
         if loop.automatic and len(setup.optimizers) > 1:
             raise MisconfigurationError(
@@ -350,9 +361,10 @@ class Trainer(TrainerProperties):
                 if getattr(config.scheduler, "optimizer", None) is old and new is not old:
                     config.scheduler.optimizer = new
         loop.lr_scheduler_configs = setup.schedulers
-        loop.scheduler_stepper = SchedulerStepper(setup.schedulers, model.lr_scheduler_step)
+        loop.scheduler_stepper = SchedulerStepper(setup.schedulers,
+                                                  profiled_method(self.profiler, model, "lr_scheduler_step", MODULE))
         loop.user_optimizers = optimizer_path.wrap_optimizers(loop, setup.optimizers)
-        loop.custom_clipping = runs_hook(model, "configure_gradient_clipping", TrainModule)
+        loop.custom_clipping = runs_hook(model, "configure_gradient_clipping", TrainModule) or self.profiler.enabled
         loop.progress.settle()  # a second fit() keeps the counters, as in Lightning
         loop.position.phase = Phase.BETWEEN_BATCHES
         loop.resume_point = None
@@ -390,7 +402,7 @@ class Trainer(TrainerProperties):
         try:
             self.profiler.describe()
             if self.datamodule is not None:  # the datamodule's first, as in Lightning
-                self.datamodule.teardown(stage=fn)
+                profiled_method(self.profiler, self.datamodule, "teardown", DATAMODULE)(stage=fn)
             call_hook(self.fit_state, "teardown", stage=fn)
             for logger in self.loggers:
                 logger.finalize("success" if self.state.status == TrainerStatus.FINISHED else "failed")

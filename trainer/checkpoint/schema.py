@@ -15,7 +15,7 @@ from trainer.checkpoint.resume import checkpoint_position, plan_resume
 from trainer.checkpoint.validation import check_contents, check_resumable
 from trainer.core.hparams import hparams_entries
 from trainer.core.hparams_storage import read_hparams_file, rebuild_arguments
-from trainer.hooks import call_hook
+from trainer.hooks import DATAMODULE, call_hook, profiled_method
 
 if TYPE_CHECKING:
     from strategies.base import Strategy
@@ -69,7 +69,8 @@ def dump_checkpoint(loop: FitState, weights_only: bool = False) -> dict[str, Any
         "world_size": s.world_size,
     }
     datamodule = trainer.datamodule
-    datamodule_state = datamodule.state_dict() if datamodule is not None else {}
+    datamodule_state = profiled_method(trainer.profiler, datamodule, "state_dict", DATAMODULE)() \
+        if datamodule is not None else {}
     if datamodule_state:
         checkpoint["datamodule"] = datamodule_state
     if getattr(datamodule, "hparams", None):  # Lightning's keys, as for the module's
@@ -180,7 +181,7 @@ def restore_training_state(loop: FitState, checkpoint: Mapping[str, Any], path: 
         progress.current_epoch += 1
         progress.epoch_finished, progress.epoch_batches, progress.epoch_opened = False, 0, False
     if trainer.datamodule is not None and "datamodule" in checkpoint:
-        trainer.datamodule.load_state_dict(checkpoint["datamodule"])
+        profiled_method(trainer.profiler, trainer.datamodule, "load_state_dict", DATAMODULE)(checkpoint["datamodule"])
 
 
 def _rebuild_arguments(cls: type, checkpoint: Mapping[str, Any], key: str, path: str | Path,

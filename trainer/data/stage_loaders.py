@@ -52,6 +52,7 @@ class StageLoaders:
     requested_at: dict[str, float] = field(default_factory=dict)  # the epoch each fit stage's loaders were requested
     _resumed_at: dict[str, float] = field(default_factory=dict)  # request epochs a checkpoint carried over
     seen: dict[str, list[int]] = field(default_factory=dict)  # evaluation batches run per loader since requested
+    profiler: Any = None  # times the loader hooks as Lightning names them
 
     def bind(self, spec: RunSpec, strategy: Strategy, module: Any, datamodule: Any, fn: TrainerFn,
              given: dict[str, Any]) -> None:
@@ -90,7 +91,7 @@ class StageLoaders:
         self.seen.pop(stage, None)  # new loaders count their batches from 0
         if stage == "train":
             self._resolve_train(spec, strategy, sampler_kwargs, data.requested("train", given.get("train"),
-                                                                                datamodule, module))
+                                                                                datamodule, module, self.profiler))
         else:
             loaders, limits = self._prepare(stage, spec, strategy, sampler_kwargs)
             setattr(self, stage, loaders)
@@ -107,7 +108,7 @@ class StageLoaders:
         another are iterated one by one (with `dataloader_idx`); a CombinedLoader in another mode is one stream of
         combined batches. `counts[stage]` gets each loader's own batch count (Lightning's `num_val_batches`)."""
         _, _, module, datamodule, fn, given = self._last
-        combined = data.resolve_loaders(stage, given.get(stage), datamodule, module)
+        combined = data.resolve_loaders(stage, given.get(stage), datamodule, module, self.profiler)
         loaders = combined.flattened if combined is not None else []
         if spec.overfit_batches and fn == TrainerFn.FITTING:  # Lightning's rule: in fit only
             loaders = overfit.in_order(loaders, stage)

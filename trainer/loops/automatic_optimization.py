@@ -25,7 +25,7 @@ from strategies.comm.distributed import rank_zero_warn
 from strategies.exceptions import MisconfigurationError
 from strategies.wrapped_optimizer import StrategyOptimizer, wrap_optimizer
 from trainer.checkpoint.loop_position import Phase
-from trainer.hooks import call_hook, is_overridden, module_hook
+from trainer.hooks import MODULE, call_hook, is_overridden, module_hook, timed
 
 if TYPE_CHECKING:
     from trainer.loops.fit_state import FitState
@@ -93,7 +93,7 @@ class TrainingClosure:
         results = loop.results
         previous, results.current_fx = results.current_fx, "backward"
         try:
-            loop.strategy.backward(loss / accumulate if accumulate > 1 else loss)
+            loop.backward(loss / accumulate if accumulate > 1 else loss)
         finally:
             results.current_fx = previous
         control.after_backward(loop)  # a NaN loss or differing metric names on any rank: every rank raises here
@@ -205,9 +205,12 @@ def wrap_optimizers(loop: FitState, built: list[Optimizer]) -> list[StrategyOpti
 
 def _call_module(loop: FitState, name: str, *args: Any, **kwargs: Any) -> Any:
     """Call the module's own `name` (its default or the user's override), with `self.log` attributed to it."""
-    fn = module_hook(loop.strategy.module, name)
+    module = loop.strategy.module
+    fn = module_hook(module, name)
     if fn is None:  # switched off with `module.<hook> = None`
         return None
+    if loop.trainer.profiler.enabled:
+        fn = timed(loop.trainer.profiler, f"{MODULE}{type(module).__name__}.{name}", fn)
     results = loop.results
     previous, results.current_fx = results.current_fx, name
     try:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 _PREFIX = {RunningStage.VALIDATING: "validation", RunningStage.SANITY_CHECKING: "validation",
            RunningStage.TESTING: "test"}
+_FETCH = {"validation": "val", "test": "test"}  # Lightning's fetch action names: `[_EvaluationLoop].val_next`
 _EVAL_ACTION = {RunningStage.VALIDATING: "run_validation", RunningStage.SANITY_CHECKING: "run_sanity_check",
                 RunningStage.TESTING: "run_test"}  # profiler action names
 
@@ -50,7 +51,7 @@ def _evaluate(loop: FitState, stage: RunningStage) -> list[dict[str, float]]:
     check_dataloader_idx(module, f"{prefix}_step", (f"on_{prefix}_batch_start", f"on_{prefix}_batch_end"),
                          len(loaders) > 1)
     with loop.using_results(loop.new_eval_results()) as results:
-        mode.enter(module, prefix)  # on_{validation,test}_model_eval
+        mode.enter(module, prefix, loop.trainer.profiler)  # on_{validation,test}_model_eval
         call_hook(loop, f"on_{prefix}_start")
         call_hook(loop, f"on_{prefix}_epoch_start")
         loaders, limits = loop.eval_loaders(stage)  # after the start hooks: BatchSizeFinder may rebuild them
@@ -66,7 +67,7 @@ def _evaluate(loop: FitState, stage: RunningStage) -> list[dict[str, float]]:
         if stage == RunningStage.VALIDATING:
             loop.position.validation_finished()  # a checkpoint from on_validation_end on counts it as done
         call_hook(loop, f"on_{prefix}_end")
-        mode.leave(module, prefix)  # on_{validation,test}_model_train, or the modes from before
+        mode.leave(module, prefix, loop.trainer.profiler)  # on_{validation,test}_model_train, or the modes from before
     return _split_by_loader(metrics, len(loaders))
 
 
@@ -81,7 +82,8 @@ def _evaluate_loader(loop: FitState, results: Any, loader: Any, limit: int | flo
     counts = control.eval_batch_counts(limit)  # None: the same known count on every rank (or one process)
     joined_from = math.inf if counts is None else max(min(counts), 0)  # counts known and different: the fewest
     more = counts is not None  # whether this rank must join the round at joined_from (or after its last step)
-    for batch_idx, batch, is_last in data.iterate(loader, limit):
+    fetched = data.timed_fetches(loader, loop.trainer.profiler, f"[_EvaluationLoop].{_FETCH[prefix]}_next")
+    for batch_idx, batch, is_last in data.iterate(fetched, limit):
         results.defer_eval_sync = joined = batch_idx >= joined_from
         batch = loop.to_device(batch, dl_idx)
         results.set_batch(batch)
@@ -149,7 +151,7 @@ def _predict(loop: FitState, return_predictions: bool) -> list[Any] | None:
     module, mode, kept = loop.strategy.module, ModuleMode(), loop.predict_loop
     check_dataloader_idx(module, "predict_step", ("on_predict_batch_start", "on_predict_batch_end"),
                          len(loop.loaders.predict) > 1)
-    mode.enter(module, "predict")  # on_predict_model_eval
+    mode.enter(module, "predict", loop.trainer.profiler)  # on_predict_model_eval
     call_hook(loop, "on_predict_start")
     call_hook(loop, "on_predict_epoch_start")
     loaders, limits = loop.loaders.predict, loop.loaders.predict_limits  # after the hooks (BatchSizeFinder)
@@ -158,7 +160,8 @@ def _predict(loop: FitState, return_predictions: bool) -> list[Any] | None:
     with loop.trainer.profiler.action("run_predict"):
         for dl_idx, (loader, limit) in enumerate(zip(loaders, limits, strict=True)):
             extra = (dl_idx,) if many else ()
-            for batch_idx, batch, _ in data.iterate(loader, limit):
+            fetched = data.timed_fetches(loader, loop.trainer.profiler, "[_PredictionLoop].predict_next")
+            for batch_idx, batch, _ in data.iterate(fetched, limit):
                 kept.batch_fetched(dl_idx, batch_idx)  # the batch's dataset indices, for prediction writers
                 batch = loop.to_device(batch, dl_idx)
                 call_hook(loop, "on_predict_batch_start", batch, batch_idx, *extra)
@@ -168,7 +171,7 @@ def _predict(loop: FitState, return_predictions: bool) -> list[Any] | None:
     call_hook(loop, "on_predict_epoch_end")
     kept.end()
     call_hook(loop, "on_predict_end")
-    mode.leave(module, "predict")
+    mode.leave(module, "predict", loop.trainer.profiler)
     return kept.result(loop.strategy)  # every rank's predictions in the data set's order (trainer/loops/predictions.py)
 
 

@@ -79,12 +79,7 @@ def run_train_epoch(loop: FitState) -> None:
             break
         if is_last and runs_out:
             data.run_out(iterator)  # as a plain `for` loop over the loader does
-        if schedule.val_due(batch_idx, is_last):
-            _validate_during_fit(loop)
-        elif schedule.stop_validation_due():
-            _validate_before_stop(loop)
-        if loop.automatic and schedule.window_ends(batch_idx, is_last):  # they may monitor a validation metric
-            loop.scheduler_stepper.step("step", batch_idx + 1, loop.metrics.callback_metrics, plateau=True)
+        _after_batch(loop, batch_idx, is_last)
         if schedule.stop_in_epoch():
             stopped = not is_last
             break
@@ -98,6 +93,17 @@ def run_train_epoch(loop: FitState) -> None:
         resume.freeze_at_stop(loop)
     progress.epoch_finished = True
     _train_epoch_end(loop, complete=not stopped)
+
+
+def _after_batch(loop: FitState, batch_idx: int, is_last: bool) -> None:
+    """A validation when due (or before a requested stop), then the step schedulers that monitor a metric."""
+    schedule = loop.schedule
+    if schedule.val_due(batch_idx, is_last):
+        _validate_during_fit(loop)
+    elif schedule.stop_validation_due():
+        _validate_before_stop(loop)
+    if loop.automatic and schedule.window_ends(batch_idx, is_last):  # they may monitor a validation metric
+        loop.scheduler_stepper.step("step", batch_idx + 1, loop.metrics.callback_metrics, plateau=True)
 
 
 def _start_epoch(loop: FitState, loader: Any) -> tuple[Any, int]:
@@ -114,6 +120,9 @@ def _start_epoch(loop: FitState, loader: Any) -> tuple[Any, int]:
     loop.control.check_batch_counts(num_batches)
     if start and not progress.val_started and schedule.val_due(start - 1, start == num_batches):
         _validate_during_fit(loop)  # the save came before the validation due after that batch
+    profiler = loop.trainer.profiler
+    if profiler.enabled:  # each fetch timed under Lightning's action name
+        iterator = iter(data.timed_fetches(iterator, profiler, "[_TrainingEpochLoop].train_dataloader_next"))
     return iterator, start
 
 
@@ -148,7 +157,7 @@ def _stop_on_agreed_signal(loop: FitState) -> None:
 
 def _validate_during_fit(loop: FitState) -> None:
     loop.progress.val_started = True
-    zero_grad_before_validation(loop.strategy.module, loop.window_has_loss)
+    zero_grad_before_validation(loop.strategy.module, loop.window_has_loss, loop.trainer.profiler)
     loop.position.validation_started(capture_rng_state())
     with loop.control.outside_steps():  # no step bound on collectives during validation
         run_evaluation(loop, RunningStage.VALIDATING)
@@ -162,7 +171,7 @@ def _validate_before_stop(loop: FitState) -> None:
     leaves the RNG as it found it, so a checkpoint taken after the stop resumes exactly as the run that never
     stopped (which has no validation there)."""
     rng = capture_rng_state()
-    zero_grad_before_validation(loop.strategy.module, loop.window_has_loss)
+    zero_grad_before_validation(loop.strategy.module, loop.window_has_loss, loop.trainer.profiler)
     loop.position.validation_started(rng)
     with loop.control.outside_steps():
         run_evaluation(loop, RunningStage.VALIDATING)

@@ -28,7 +28,7 @@ from trainer.core.optimizer_setup import SchedulerConfig, SchedulerStepper
 from trainer.data.batch_transfer import BatchTransfer
 from trainer.data.sampling import resumable_sampler
 from trainer.data.stage_loaders import StageLoaders
-from trainer.hooks import HookDispatcher
+from trainer.hooks import STRATEGY, HookDispatcher
 from trainer.loops.predictions import PredictLoop
 from trainer.loops.schedule import FitSchedule
 from trainer.metrics.results import ResultCollection
@@ -126,9 +126,22 @@ class FitState:
         if name in self.no_batch_idx:  # `training_step(self, batch)`: called without batch_idx, as in Lightning
             args = args[:1] + args[2:]
         try:
+            profiler = self.trainer.profiler
+            if profiler.enabled:  # Lightning's action name, e.g. "[Strategy]SingleDeviceStrategy.training_step"
+                with profiler.profile(f"{STRATEGY}{type(self.strategy).__name__}.{name}"):
+                    return self.strategy.step(name, *args)
             return self.strategy.step(name, *args)
         finally:
             results.current_fx = previous
+
+    def backward(self, loss: Any) -> None:
+        """The strategy's backward (precision, then the module's `backward` hook), timed as Lightning names it."""
+        profiler = self.trainer.profiler
+        if profiler.enabled:
+            with profiler.profile(f"{STRATEGY}{type(self.strategy).__name__}.backward"):
+                self.strategy.backward(loss)
+        else:
+            self.strategy.backward(loss)
 
     def to_device(self, batch: Any, dataloader_idx: int = 0) -> Any:
         """The batch on the run's device, through the batch-transfer hooks when the user defined any."""

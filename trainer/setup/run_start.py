@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from strategies.comm.distributed import rank_zero_info
 from strategies.exceptions import ConfigError, MisconfigurationError
-from trainer.hooks import is_overridden
+from trainer.hooks import DATAMODULE, MODULE, is_overridden, profiled_method
 from trainer.ranks.step_returns import training_step_may_skip
 from trainer.setup.step_signature import steps_without_batch_idx
 from trainer.setup.uncalled_hooks import refuse_uncalled_hooks
@@ -53,7 +53,8 @@ def merge_model_callbacks(given: list[Any], returned: Any) -> list[Any]:
 
 def before_environment(trainer: Trainer, module: Any) -> None:
     """Before any process group exists: the module's callbacks join, then the uncalled-hook check."""
-    trainer.callbacks = merge_model_callbacks(trainer.callbacks, module.configure_callbacks())
+    configure = profiled_method(trainer.profiler, module, "configure_callbacks", MODULE)
+    trainer.callbacks = merge_model_callbacks(trainer.callbacks, configure())
     trainer.fit_state.hooks.reset()
     refuse_uncalled_hooks(module, trainer.datamodule, trainer.callbacks)
 
@@ -66,15 +67,15 @@ def prepare_data(trainer: Trainer, module: Any) -> None:
 
     local_zero = trainer.local_rank == 0
     global_zero = local_zero and trainer.node_rank == 0
-    for obj, base in ((trainer.datamodule, DataModule), (module, TrainModule)):
+    for obj, base, tag in ((trainer.datamodule, DataModule, DATAMODULE), (module, TrainModule, MODULE)):
         if obj is None or not is_overridden(obj, "prepare_data", base):
             continue
         if local_zero if obj.prepare_data_per_node else global_zero:
-            obj.prepare_data()
+            profiled_method(trainer.profiler, obj, "prepare_data", tag)()
         trainer.strategy.barrier("prepare_data")
 
 
-def configure_model(strategy: Any, module: Any) -> None:
+def configure_model(strategy: Any, module: Any, profiler: Any) -> None:
     """`configure_model()` after `setup`, before the strategy sets the module up (when the user defined it), inside
     the strategy's `tensor_init_context()`: layers it creates are built on the device in the precision's dtype, or
     on the meta device under a sharding strategy (materialised shard by shard when the strategy wraps the module)."""
@@ -82,7 +83,7 @@ def configure_model(strategy: Any, module: Any) -> None:
 
     if is_overridden(module, "configure_model", TrainModule):
         with strategy.tensor_init_context():
-            module.configure_model()
+            profiled_method(profiler, module, "configure_model", MODULE)()
 
 
 
@@ -103,4 +104,4 @@ def read_signatures(loop: FitState, module: Any, fn: TrainerFn) -> None:
     loop.no_batch_idx = steps_without_batch_idx(module)
     # One process agrees with nobody: the source of training_step (0.4 ms to read) is needed with several only.
     loop.control.step_may_skip = training_step_may_skip(module) if loop.strategy.world_size > 1 else True
-    loop.transfer.resolve(module, loop.trainer.datamodule)
+    loop.transfer.resolve(module, loop.trainer.datamodule, loop.trainer.profiler)
