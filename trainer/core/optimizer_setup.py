@@ -41,6 +41,20 @@ class SchedulerConfig:
         return isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
+class NoOptimizer(Optimizer):
+    """What automatic optimization steps when configure_optimizers() returned None: its step only runs the closure
+    (training_step and backward), so the loop, its hooks and logging run as usual and no weight changes."""
+
+    def __init__(self) -> None:
+        super().__init__([torch.zeros(1)], {})
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        return closure() if closure is not None else None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
+
+
 @dataclass
 class OptimizerSetup:
     optimizers: list[Optimizer] = field(default_factory=list)
@@ -66,6 +80,8 @@ def _scheduler_config(value: Any, result: Any, monitor: str | None = None, custo
     else:
         config = SchedulerConfig(scheduler=value)
     config.monitor = config.monitor or monitor
+    if config.reduce_on_plateau is None:  # resolved, as Lightning's config shows it
+        config.reduce_on_plateau = isinstance(config.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
     if not hasattr(config.scheduler, "state_dict"):
         raise _bad(result, f"{type(config.scheduler).__name__} is not an LR scheduler (it has no state_dict() to "
                            "checkpoint)")
@@ -75,6 +91,12 @@ def _scheduler_config(value: Any, result: Any, monitor: str | None = None, custo
             rank_zero_warn(f"the scheduler dict sets {ignored}, which manual optimization ignores: the Trainer steps "
                            "no scheduler then; call `scheduler.step()` in training_step (self.lr_schedulers()).")
         return config
+    _check_stepping(config, result, custom_step)
+    return config
+
+
+def _check_stepping(config: SchedulerConfig, result: Any, custom_step: bool) -> None:
+    """How the Trainer will step a scheduler of automatic optimization: its API, interval, frequency and monitor."""
     if not custom_step and not isinstance(config.scheduler, _TORCH_SCHEDULERS):
         raise MisconfigurationError(
             f"the scheduler {type(config.scheduler).__name__} does not follow torch's LRScheduler API. Override "
@@ -87,7 +109,10 @@ def _scheduler_config(value: Any, result: Any, monitor: str | None = None, custo
         raise _bad(result, f"scheduler frequency {config.frequency!r} must be an int >= 1")
     if config.needs_metric and not config.monitor:
         raise _bad(result, "ReduceLROnPlateau needs a 'monitor' key naming a logged metric")
-    return config
+    if isinstance(config.scheduler, torch.optim.lr_scheduler.OneCycleLR) and config.interval == "epoch":
+        rank_zero_warn("OneCycleLR is stepped once per epoch here ('interval': 'epoch', the default); it is built to "
+                       "step at every optimizer step: give the scheduler dict 'interval': 'step'.",
+                       category=RuntimeWarning)
 
 
 def _from_dict(d: Mapping, result: Any, custom_step: bool, automatic: bool = True) -> OptimizerSetup:
@@ -111,7 +136,9 @@ def normalize_optimizers(result: Any, *, allow_none: bool = False, custom_schedu
     if result is None:
         if allow_none:
             return OptimizerSetup()
-        raise _bad(result, "None is only allowed with manual optimization")
+        rank_zero_warn("configure_optimizers() returned None: this fit will run with no optimizer (training_step and "
+                       "backward run, no weight changes, as in Lightning). Return an optimizer to train.")
+        return OptimizerSetup([NoOptimizer()])
     if isinstance(result, Optimizer):
         return OptimizerSetup([result])
     if isinstance(result, Mapping):

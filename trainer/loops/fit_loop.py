@@ -135,6 +135,8 @@ def _train_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> b
     batch = loop.to_device(batch, 0)
     results.set_batch(batch)
     if call_hook(loop, "on_train_batch_start", batch, batch_idx) == -1:
+        if loop.automatic:  # the epoch ends here: its schedulers step as after its last batch (Lightning's rule)
+            loop.scheduler_stepper.step("epoch", progress.current_epoch + 1, metrics.callback_metrics, plateau=False)
         return False
     step_fn = train_one_batch if loop.automatic else train_one_batch_manual
     outputs = step_fn(loop, batch, batch_idx, is_last)
