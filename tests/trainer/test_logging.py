@@ -263,3 +263,25 @@ def test_logged_metrics_hold_tensors_of_every_logged_value_without_a_logger():
     assert set(logged) == {"val_both_step", "val_only_step", "val_both_epoch"}
     assert all(isinstance(value, torch.Tensor) for value in logged.values())
     assert float(logged["val_both_epoch"]) == 0.5
+
+
+def test_a_name_logged_in_two_hooks_keeps_both_values_and_the_epoch_end_one_shows_last():
+    """Lightning keeps one value per hook and name: a name logged in training_step (a step value) and again in
+    on_train_epoch_end (an epoch value) shows the step value during the epoch and the epoch value after it."""
+    seen = []
+
+    class M(BoringModel):
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            self.log("shared", 100.0, prog_bar=True, logger=False)
+            return super().training_step(batch, batch_idx)
+
+        def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+            seen.append(float(self.trainer.callback_metrics["shared"]))
+
+        def on_train_epoch_end(self) -> None:
+            self.log("shared", 111.0, prog_bar=True, logger=False)
+
+    trainer = Trainer(max_epochs=2, limit_train_batches=2, limit_val_batches=0, **QUIET)
+    trainer.fit(M())
+    assert seen == [100.0] * 4
+    assert trainer.progress_bar_metrics["shared"] == 111.0 and float(trainer.callback_metrics["shared"]) == 111.0

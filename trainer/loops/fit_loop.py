@@ -192,6 +192,7 @@ def _train_epoch_end(loop: FitState, complete: bool) -> None:
     """
     results, p, metrics = loop.train_results, loop.progress, loop.metrics
     loop.control.epoch_ends()  # epoch-end hooks and the next epoch's data loaders: no step bound
+    metrics.settle_step_values()
     metrics.epoch_end(results.epoch_end("training epoch end"), metrics.train_epoch_step, p.current_epoch)
     call_hook(loop, "on_train_epoch_end")  # the callbacks, then the module
     metrics.epoch_end(results.epoch_end("on_train_epoch_end"), metrics.train_epoch_step, p.current_epoch)

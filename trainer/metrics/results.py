@@ -154,14 +154,17 @@ class ResultCollection:
         step, epoch = self._cadence(name, on_step, on_epoch)
         if reduce_fx not in _REDUCE_FX:
             raise MisconfigurationError(f"self.log({name!r}, reduce_fx={reduce_fx!r}): use one of {_REDUCE_FX}.")
-        key = name + self.key_suffix if add_dataloader_idx else self._unsuffixed(name)
+        name_key = name + self.key_suffix if add_dataloader_idx else self._unsuffixed(name)
+        # one entry per hook and name, as Lightning keeps them: a name logged in training_step and again in
+        # on_train_epoch_end gives a step value and an epoch value, the later one shown where both have a key
+        key = f"{self.current_fx}.{name_key}"
         with self._lock:
             entry = self.entries.get(key)
             if key not in self._before_batch:  # a checkpoint taken inside this batch rolls back to it
                 self._before_batch[key] = None if entry is None else dict(vars(entry))
             if entry is None:
                 suffix = self.key_suffix if add_dataloader_idx else ""
-                entry = self.entries[key] = _Entry(key, step, epoch, prog_bar, logger, sync_dist, reduce_fx,
+                entry = self.entries[key] = _Entry(name_key, step, epoch, prog_bar, logger, sync_dist, reduce_fx,
                                                    suffix=suffix)
             entry.pending = True
             entry.alias_step = step
@@ -254,6 +257,12 @@ class ResultCollection:
                 if which == "callback" and entry.on_epoch and entry.alias_step:
                     out[entry.name] = entry.step_value
         return out
+
+    def clear_step_values(self) -> None:
+        """Forget the step values (at a training epoch's end, as Lightning resets its results): the next epoch's show
+        from its first step on, and until then the values recorded elsewhere (metrics/routing.py) stand."""
+        for entry in self.entries.values():
+            entry.step_value = None
 
     def pending_sync_keys(self) -> list[str]:
         """Names of the sync_dist step values logged in this training_step, not reduced yet."""

@@ -162,6 +162,13 @@ class MetricsRouter:
         """Lightning's step for training epoch-end values: the step of the epoch's last step values."""
         return self._progress.stepped_batches - 1
 
+    def settle_step_values(self) -> None:
+        """At a training epoch's end: its last step values are recorded as they stand, and the results forget them,
+        so the epoch values computed next take their place where both have a key (Lightning's order)."""
+        if self._live is not None:
+            self._persist_live()
+            self._live.clear_step_values()
+
     def epoch_end(self, computed: dict[str, dict[str, Tensor]], step: int, epoch: int | None) -> None:
         """Record epoch values (from ResultCollection.epoch_end) and send them to the loggers."""
         if self._live is not None:  # the bar lists names in the order they were first logged, as Lightning's does
