@@ -54,8 +54,9 @@ def set_epoch(loader: Iterable, epoch: int) -> None:
         for each in inner():
             set_epoch(each, epoch)
         return
-    for obj in (getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None),
-                getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+    samplers = {id(obj): obj for obj in (getattr(loader, "sampler", None),
+                                         getattr(getattr(loader, "batch_sampler", None), "sampler", None))}
+    for obj in samplers.values():  # each once: a loader's sampler is usually its batch sampler's too (Lightning's rule)
         fn = getattr(obj, "set_epoch", None)
         if callable(fn):
             fn(epoch)

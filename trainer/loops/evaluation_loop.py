@@ -48,6 +48,8 @@ def _evaluate(loop: FitState, stage: RunningStage) -> list[dict[str, float]]:
     s, prefix = loop.strategy, _PREFIX[stage]
     module, mode = s.module, ModuleMode()
     loaders = loop.eval_loaders(stage)[0]
+    for loader in loaders:  # as Lightning, at every evaluation: the epoch the fit is at (or ended with)
+        data.set_epoch(loader, loop.progress.current_epoch)
     check_dataloader_idx(module, f"{prefix}_step", (f"on_{prefix}_batch_start", f"on_{prefix}_batch_end"),
                          len(loaders) > 1)
     with loop.using_results(loop.new_eval_results()) as results:
@@ -149,6 +151,8 @@ def run_predict(loop: FitState, return_predictions: bool = True) -> list[Any] | 
 
 def _predict(loop: FitState, return_predictions: bool) -> list[Any] | None:
     module, mode, kept = loop.strategy.module, ModuleMode(), loop.predict_loop
+    for loader in loop.loaders.predict:
+        data.set_epoch(loader, loop.progress.current_epoch)
     check_dataloader_idx(module, "predict_step", ("on_predict_batch_start", "on_predict_batch_end"),
                          len(loop.loaders.predict) > 1)
     mode.enter(module, "predict", loop.trainer.profiler)  # on_predict_model_eval
