@@ -73,8 +73,25 @@ class TrainerProperties:
     """The `barebones` flag: whether everything that may cost speed is off."""
     log_every_n_steps = property(lambda self: self.fit_state.spec.log_every_n_steps)
     """How often step metrics go to the loggers."""
-    fast_dev_run = property(lambda self: self.fit_state.spec.fast_dev_run)
-    """The `fast_dev_run` flag."""
+    fast_dev_run = property(lambda self: self.init_flags["fast_dev_run"])
+    """The `fast_dev_run` flag as given (True, or a number of batches)."""
+    limit_train_batches = property(lambda self: self.fit_state.spec.limit_train_batches)
+    """Training batches per epoch: an int count or a float fraction (fast_dev_run and overfit_batches set it)."""
+    limit_val_batches = property(lambda self: self.fit_state.spec.limit_val_batches)
+    """Validation batches per loader: an int count or a float fraction."""
+    limit_test_batches = property(lambda self: self.fit_state.spec.limit_test_batches)
+    """Test batches per loader: an int count or a float fraction."""
+    limit_predict_batches = property(lambda self: self.fit_state.spec.limit_predict_batches)
+    """Predict batches per loader: an int count or a float fraction."""
+    min_steps = property(lambda self: self.init_flags["min_steps"])
+    """The `min_steps` flag (None: no minimum)."""
+    num_sanity_val_steps = property(lambda self: math.inf if self.fit_state.spec.num_sanity_val_steps == -1
+                                    else self.fit_state.spec.num_sanity_val_steps)
+    """Validation batches per loader in the sanity check (`inf`: all; 0 with fast_dev_run or barebones)."""
+    reload_dataloaders_every_n_epochs = property(lambda self: self.fit_state.spec.reload_dataloaders_every_n_epochs)
+    """Request the fit's loaders again every N epochs (0: once)."""
+    enable_autolog_hparams = property(lambda self: self.fit_state.spec.enable_autolog_hparams)
+    """Whether the module's and datamodule's hyperparameters go to the loggers at fit start."""
     default_root_dir = property(lambda self: str(self.fit_state.spec.default_root_dir))
     """Where logs and checkpoints go (the current directory by default)."""
     precision = property(lambda self: self.fit_state.spec.precision)

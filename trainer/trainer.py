@@ -16,22 +16,18 @@ from strategies.checkpoint_io.atomic_file import remove_stale_temp_files
 from strategies.exceptions import ConfigError, MisconfigurationError
 from strategies.model.compiled import unwrap_compiled
 from trainer.checkpoint import schema as ckpt
-from trainer.checkpoint.ckpt_path import default_ckpt_path, resolve_ckpt_path
+from trainer.checkpoint.ckpt_path import check_weights_only, default_ckpt_path, resolve_ckpt_path
 from trainer.checkpoint.loop_position import LoopPosition, Phase
 from trainer.core.datamodule import DataModule
 from trainer.core.module import TrainModule
-from trainer.core.optimizer_setup import SchedulerStepper, normalize_optimizers
 from trainer.hooks import (
     DATAMODULE,
-    MODULE,
     HookDispatcher,
     call_hook,
     is_overridden,
     module_hook,
     profiled_method,
-    runs_hook,
 )
-from trainer.loops import automatic_optimization as optimizer_path
 from trainer.loops import evaluation_loop
 from trainer.loops import fit_loop as loops
 from trainer.loops.fit_state import FitState
@@ -45,15 +41,17 @@ from trainer.ranks import failure
 from trainer.ranks.agreement import ControlPlane
 from trainer.ranks.preemption import StopSignals
 from trainer.ranks.rank_result import pack_if_child
+from trainer.run_properties import RunProperties
 from trainer.seed import apply_cudnn_benchmark, enable_determinism
 from trainer.setup import run_start
 from trainer.setup.barebones import announce_start, apply_barebones
 from trainer.setup.defaults import agree_logger_versions, build_callbacks, build_loggers
 from trainer.setup.flags import FLAG_NAMES, parse_flags
+from trainer.setup.optimization import setup_optimization
 from trainer.state import Progress, RunningStage, TrainerFn, TrainerState, TrainerStatus
 
 
-class Trainer(TrainerProperties):
+class Trainer(TrainerProperties, RunProperties):
     """Trains a TrainModule. Arguments and defaults follow PyTorch Lightning 2.x (see docs/index.md).
 
     Every flag is checked when the Trainer is built (a `ConfigError` names the flag and the accepted values);
@@ -122,6 +120,9 @@ class Trainer(TrainerProperties):
         sync_batchnorm: bool = False,
         barebones: bool = False,
         reload_dataloaders_every_n_epochs: int = 0,
+        plugins: Any = None,
+        enable_autolog_hparams: bool = True,
+        model_registry: str | None = None,
     ) -> None:
         given = locals()
         flags = {name: given[name] for name in FLAG_NAMES}
@@ -134,6 +135,8 @@ class Trainer(TrainerProperties):
         self.loggers = build_loggers(given["logger"], spec)
         self.callbacks = build_callbacks(callbacks, spec)
         self.datamodule: Any = None
+        self._loaded_ckpt_path: str | Path | None = None  # what `ckpt_path` reads after a run
+        self._user_ckpt_path: str | Path | None = None  # set through `trainer.ckpt_path = ...` for the next runs
         self._signals = StopSignals()
         progress = Progress()
         metrics = MetricsRouter(spec.log_every_n_steps, progress)
@@ -149,7 +152,7 @@ class Trainer(TrainerProperties):
 
     # --- entry points -------------------------------------------------------------------------------
     def fit(self, model: Any, train_dataloaders: Any = None, val_dataloaders: Any = None,
-            datamodule: Any = None, ckpt_path: str | Path | None = None) -> None:
+            datamodule: Any = None, ckpt_path: str | Path | None = None, weights_only: bool | None = None) -> None:
         """Train `model`; resume from `ckpt_path` (a path, or "last") when given.
 
         With several devices or nodes this is where the other ranks start (see docs/distributed.md).
@@ -163,6 +166,8 @@ class Trainer(TrainerProperties):
             datamodule: a DataModule providing the loaders.
             ckpt_path: a checkpoint file (or sharded folder) to resume from; `"last"` takes the newest checkpoint
                 of the ModelCheckpoint callbacks and starts from scratch when there is none.
+            weights_only: Lightning 2.6's switch for `torch.load`: None or True (checkpoints always load
+                weights-only here); False is refused.
 
         Raises:
             MisconfigurationError: the module lacks `training_step` or `configure_optimizers`, or returns
@@ -171,19 +176,24 @@ class Trainer(TrainerProperties):
         """
         if datamodule is None and isinstance(train_dataloaders, DataModule):
             datamodule, train_dataloaders = train_dataloaders, None
+        check_weights_only(weights_only)
         self._launch(TrainerFn.FITTING, model, datamodule,
-                             {"train": train_dataloaders, "val": val_dataloaders}, ckpt_path)
+                     {"train": train_dataloaders, "val": val_dataloaders}, ckpt_path)
 
     def validate(self, model: Any = None, dataloaders: Any = None, ckpt_path: str | Path | None = None,
-                 verbose: bool = True, datamodule: Any = None) -> list[dict[str, float]]:
+                 verbose: bool = True, datamodule: Any = None, weights_only: bool | None = None,
+                 ) -> list[dict[str, float]]:
         """Run one validation epoch; returns one metrics dict per dataloader, and with `verbose` rank 0 prints
         them as a table. Without a model (the one of the previous fit) and without `ckpt_path`, the best
-        checkpoint of that fit is loaded first, as in Lightning."""
+        checkpoint of that fit is loaded first, as in Lightning. `weights_only`: as in `fit`."""
+        check_weights_only(weights_only)
         return self._evaluate(TrainerFn.VALIDATING, model, dataloaders, ckpt_path, verbose, datamodule)
 
     def test(self, model: Any = None, dataloaders: Any = None, ckpt_path: str | Path | None = None,
-             verbose: bool = True, datamodule: Any = None) -> list[dict[str, float]]:
+             verbose: bool = True, datamodule: Any = None, weights_only: bool | None = None,
+             ) -> list[dict[str, float]]:
         """Run one test epoch; returns one metrics dict per dataloader (see `validate`)."""
+        check_weights_only(weights_only)
         return self._evaluate(TrainerFn.TESTING, model, dataloaders, ckpt_path, verbose, datamodule)
 
     def _evaluate(self, fn: TrainerFn, model: Any, dataloaders: Any, ckpt_path: str | Path | None, verbose: bool,
@@ -197,13 +207,15 @@ class Trainer(TrainerProperties):
         return results
 
     def predict(self, model: Any = None, dataloaders: Any = None, datamodule: Any = None,
-                return_predictions: bool | None = None, ckpt_path: str | Path | None = None) -> list[Any] | None:
+                return_predictions: bool | None = None, ckpt_path: str | Path | None = None,
+                weights_only: bool | None = None) -> list[Any] | None:
         """Run predict_step over the predict loader(s); returns the predictions: a list of batch outputs (one
         list per loader when several). With several ranks every rank returns the predictions of all ranks in
         the data set's order, as one process over the same data would (Lightning returns each rank's shard);
-        `return_predictions=False` (None means True) keeps and gathers nothing."""
+        `return_predictions=False` (None means True) keeps and gathers nothing. `weights_only`: as in `fit`."""
+        check_weights_only(weights_only)
         return self._launch(TrainerFn.PREDICTING, model, datamodule,
-                                    {"predict": dataloaders, "return_predictions": return_predictions}, ckpt_path)
+                            {"predict": dataloaders, "return_predictions": return_predictions}, ckpt_path)
 
     def init_module(self, empty_init: bool | None = None) -> AbstractContextManager:
         """Context manager for building the model: tensors are created on the strategy's device in the
@@ -212,8 +224,14 @@ class Trainer(TrainerProperties):
         load a checkpoint next); None lets the strategy decide. See docs/zero.md."""
         return self.strategy.tensor_init_context(empty_init)
 
-    def save_checkpoint(self, filepath: str | Path, weights_only: bool = False) -> None:
-        """Save a checkpoint. Call it on every rank: the strategy decides who writes."""
+    def save_checkpoint(self, filepath: str | Path, weights_only: bool = False, storage_options: Any = None) -> None:
+        """Save a checkpoint. Call it on every rank: the strategy decides who writes. `storage_options` (Lightning's
+        options for its CheckpointIO) must be None: remote filesystems are configured the fsspec way here."""
+        if storage_options is not None:
+            raise ConfigError(
+                f"save_checkpoint(storage_options={storage_options!r}): this Trainer writes through fsspec, configured "
+                "by its environment variables and config files (e.g. AWS_ENDPOINT_URL); drop the argument."
+            )
         if self.fit_state.module is None:
             raise MisconfigurationError("save_checkpoint() needs a model: call it during or after fit().")
         with self.fit_state.control.outside_steps():  # rank 0 may write for long while the others wait: no bound
@@ -260,7 +278,10 @@ class Trainer(TrainerProperties):
             self.strategy.setup_module(model)
             if loop.compiler is not None:
                 self.strategy.compile_module(loop.compiler)
+            if ckpt_path is None and self._user_ckpt_path is not None:  # `trainer.ckpt_path = ...`, as Lightning
+                ckpt_path = self._user_ckpt_path
             path = resolve_ckpt_path(self, default_ckpt_path(self, fn, ckpt_path, model_given))
+            self._loaded_ckpt_path = path or None
             checkpoint = self._restore_module(model, path) if path else None
             if fn == TrainerFn.FITTING:
                 return self._fit(model, checkpoint, path)
@@ -340,31 +361,7 @@ class Trainer(TrainerProperties):
 
     def _fit(self, model: Any, checkpoint: dict[str, Any] | None, path: Any) -> None:
         loop = self.fit_state
-        custom_scheduler_step = is_overridden(model, "lr_scheduler_step", TrainModule)
-        configure = profiled_method(self.profiler, model, "configure_optimizers", MODULE)
-        setup = normalize_optimizers(configure(), allow_none=not loop.automatic,
-                                     custom_scheduler_step=custom_scheduler_step, automatic=loop.automatic)
-        if loop.automatic and len(setup.optimizers) > 1:
-            raise MisconfigurationError(
-                f"configure_optimizers() returned {len(setup.optimizers)} optimizers; automatic optimization "
-                "supports one. Set self.automatic_optimization = False and step them in training_step."
-            )
-        if not loop.automatic and self.accumulate_grad_batches > 1:
-            raise ConfigError("accumulate_grad_batches > 1 is not supported with manual optimization; "
-                              "accumulate in training_step instead.")
-        optimizer_path.check_manual_optimization(loop, model, TrainModule)
-        for optimizer in setup.optimizers:
-            self.strategy.precision.check_optimizer(optimizer)
-        loop.optimizers = self.strategy.setup_optimizers(setup.optimizers)
-        for old, new in zip(setup.optimizers, loop.optimizers, strict=True):
-            for config in setup.schedulers:  # a strategy may swap in its own optimizer (ZeRO-1)
-                if getattr(config.scheduler, "optimizer", None) is old and new is not old:
-                    config.scheduler.optimizer = new
-        loop.lr_scheduler_configs = setup.schedulers
-        loop.scheduler_stepper = SchedulerStepper(setup.schedulers,
-                                                  profiled_method(self.profiler, model, "lr_scheduler_step", MODULE))
-        loop.user_optimizers = optimizer_path.wrap_optimizers(loop, setup.optimizers)
-        loop.custom_clipping = runs_hook(model, "configure_gradient_clipping", TrainModule) or self.profiler.enabled
+        setup_optimization(self, model)
         loop.progress.settle()  # a second fit() keeps the counters, as in Lightning
         loop.position.phase = Phase.BETWEEN_BATCHES
         loop.resume_point = None
@@ -373,7 +370,8 @@ class Trainer(TrainerProperties):
         for cb in self.checkpoint_callbacks:
             if cb.dirpath is not None:
                 remove_stale_temp_files(cb.dirpath)
-        loop.metrics.log_hyperparams(model, self.datamodule)
+        if loop.spec.enable_autolog_hparams:
+            loop.metrics.log_hyperparams(model, self.datamodule)
         loop.schedule.start(0, False, self.world_size)  # the batch counts once the loaders are requested
         loop.metrics.watch(loop.train_results)
         call_hook(loop, "on_fit_start")
@@ -413,3 +411,4 @@ class Trainer(TrainerProperties):
             self._signals.restore()
             self.strategy.teardown()
             self.state.stage = None
+

@@ -130,7 +130,7 @@ def _train_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> b
     """One batch with its hooks, logging and an agreed stop; False when on_train_batch_start returned -1."""
     progress, results, metrics, position = loop.progress, loop.train_results, loop.metrics, loop.position
     position.phase = Phase.BATCH_STARTED
-    progress.val_started = False
+    progress.val_started, loop.is_last_batch = False, is_last
     metrics.train_batch_starts()
     batch = loop.to_device(batch, 0)
     results.set_batch(batch)

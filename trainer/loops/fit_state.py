@@ -68,6 +68,7 @@ class FitState:
         custom_clipping: the module overrides `configure_gradient_clipping` (called at every step then).
         window_has_loss: the open accumulation window has a backward in it.
         step_taken: the optimizer stepped in the running `optimizer_step` (False: skipped by an AMP overflow).
+        is_last_batch: the training batch that runs is the last of its epoch (`Trainer.is_last_batch`).
         resume_point: where a restored checkpoint left off, consumed by the next training epoch.
         module: the TrainModule attached to the run (None before the first one).
         compiler: the compile context of the `torch.compile` call `module` came wrapped in (None: not compiled);
@@ -98,6 +99,7 @@ class FitState:
     custom_clipping: bool = False
     window_has_loss: bool = False
     step_taken: bool = False
+    is_last_batch: bool = False  # the training batch that runs is its epoch's last
     resume_point: ResumePoint | None = None
     module: Any = None
     compiler: Any = None

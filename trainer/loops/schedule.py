@@ -63,6 +63,11 @@ class FitSchedule:
         else:
             self._val_every = interval
 
+    @property
+    def val_check_batch(self) -> int | float | None:
+        """Training batches between two validations (`inf`: only at the epoch's end); None for a time interval."""
+        return None if isinstance(self.spec.val_check_interval, timedelta) else self._val_every
+
     def validates_this_epoch(self) -> bool:
         """Whether the current epoch validates at all (`check_val_every_n_epoch`)."""
         every_n = self.spec.check_val_every_n_epoch

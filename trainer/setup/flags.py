@@ -71,6 +71,9 @@ class RunSpec:
     sync_batchnorm: bool
     barebones: bool
     reload_dataloaders_every_n_epochs: int  # 0: the fit's loaders are requested once
+    plugins: Any  # the precision plugin given, or None
+    enable_autolog_hparams: bool  # the module's and datamodule's hparams go to the loggers at fit start
+    model_registry: None  # refused unless None
 
 
 def _resolve_strategy(strategy: Any, devices: list[torch.device], num_nodes: int, precision: str) -> Strategy:
@@ -157,6 +160,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("sync_batchnorm", False, check.boolean),
     Flag("barebones", False, check.boolean),
     Flag("reload_dataloaders_every_n_epochs", 0, check.int_at_least(0)),
+    Flag("plugins", None, check.plugins),
+    Flag("enable_autolog_hparams", True, check.boolean),
+    Flag("model_registry", None, check.model_registry),
 )
 # Lightning's signature takes None for these and means the default by it (a YAML `null` included)
 NONE_MEANS_DEFAULT = frozenset({
@@ -198,9 +204,23 @@ def parse_flags(hardware: Hardware | None = None, **given: Any) -> RunSpec:
                       val_check_interval=1.0, check_val_every_n_epoch=1, enable_checkpointing=False)
     if overfit := values["overfit_batches"]:  # Lightning's rule: it sets both limits, over fast_dev_run's too
         values.update(limit_train_batches=overfit, limit_val_batches=overfit)
-    values["strategy"] = _resolve_strategy(values["strategy"], devices, values["num_nodes"], values["precision"])
+    values["strategy"] = _resolve_strategy(values["strategy"], devices, values["num_nodes"],
+                                           _precision_with_plugin(values, given.get("precision")))
+    if values["plugins"] is not None:
+        values["strategy"].precision = values["plugins"]
     _check_strategy_precision(values["strategy"], values["precision"])
     return RunSpec(device_type=device_type, devices=tuple(devices), **values)
+
+
+def _precision_with_plugin(values: dict[str, Any], precision_given: Any) -> str:
+    """The run's precision name: a precision object given in `plugins=` is the precision (as in Lightning)."""
+    plugin = values["plugins"]
+    if plugin is not None:
+        if precision_given not in (None, "32-true", 32, "32", plugin.name):  # the default stands for "not given"
+            raise ConfigError(f"precision={precision_given!r} conflicts with the {plugin.name!r} precision plugin "
+                              "in plugins=; pass only one of them.")
+        values["precision"] = plugin.name
+    return str(values["precision"])
 
 
 def _given(given: dict[str, Any], flag: Flag) -> Any:
