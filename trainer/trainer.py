@@ -183,9 +183,10 @@ class Trainer(TrainerProperties, RunProperties):
     def validate(self, model: Any = None, dataloaders: Any = None, ckpt_path: str | Path | None = None,
                  verbose: bool = True, datamodule: Any = None, weights_only: bool | None = None,
                  ) -> list[dict[str, float]]:
-        """Run one validation epoch; returns one metrics dict per dataloader, and with `verbose` rank 0 prints
-        them as a table. Without a model (the one of the previous fit) and without `ckpt_path`, the best
-        checkpoint of that fit is loaded first, as in Lightning. `weights_only`: as in `fit`."""
+        """Run one validation epoch; returns one dict per dataloader of the epoch values sent to the loggers (as
+        Lightning's), and with `verbose` rank 0 prints them as a table. Without a model (the one of the previous fit)
+        and without `ckpt_path`, the best checkpoint of that fit is loaded first, as in Lightning. `weights_only`: as
+        in `fit`."""
         check_weights_only(weights_only)
         return self._evaluate(TrainerFn.VALIDATING, model, dataloaders, ckpt_path, verbose, datamodule)
 

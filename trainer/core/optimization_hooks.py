@@ -118,7 +118,7 @@ class OptimizationHooks:
             raise MisconfigurationError(
                 f"gradient_clip_algorithm={gradient_clip_algorithm!r} is not one of {list(_ALGORITHMS)}."
             )
-        if flag_val is not None and flag_algorithm != "norm" and gradient_clip_algorithm != flag_algorithm:
+        if flag_val is not None and flag_algorithm not in (None, "norm") and gradient_clip_algorithm != flag_algorithm:
             raise MisconfigurationError(
                 f"Trainer(gradient_clip_algorithm={flag_algorithm!r}) and clip_gradients(gradient_clip_algorithm="
                 f"{gradient_clip_algorithm!r}) disagree; set only one of them."

@@ -63,14 +63,15 @@ def _evaluate(loop: FitState, stage: RunningStage) -> list[dict[str, float]]:
         with loop.trainer.profiler.action(_EVAL_ACTION[stage]):
             for dl_idx, (loader, limit) in enumerate(zip(loaders, limits, strict=True)):
                 results.key_suffix = f"/dataloader_idx_{dl_idx}" if many else ""
+                results.dataloader_idx = dl_idx if many else None
                 _evaluate_loader(loop, results, loader, limit, prefix, dl_idx, many, seen)
-        results.key_suffix = ""
+        results.key_suffix, results.dataloader_idx = "", None
         metrics = _eval_epoch_end(loop, results, stage, prefix)
         if stage == RunningStage.VALIDATING:
             loop.position.validation_finished()  # a checkpoint from on_validation_end on counts it as done
         call_hook(loop, f"on_{prefix}_end")
         mode.leave(module, prefix, loop.trainer.profiler)  # on_{validation,test}_model_train, or the modes from before
-    return _split_by_loader(metrics, len(loaders))
+    return _split_by_loader(metrics, len(loaders), results.output_loaders)
 
 
 def _evaluate_loader(loop: FitState, results: Any, loader: Any, limit: int | float, prefix: str, dl_idx: int,
@@ -119,21 +120,20 @@ def _eval_epoch_end(loop: FitState, results: Any, stage: RunningStage, prefix: s
     results.reset_metric_objects()  # after the hook, so compute() in it gives the epoch value (as in Lightning)
     merged = {k: {**computed[k], **late[k]} for k in computed}
     loop.metrics.epoch_end(merged, step, loop.progress.current_epoch)  # `epoch` in validate/test too, as Lightning
-    return {k: float(v) for k, v in merged["callback"].items()}
+    return {k: float(v) for k, v in merged["logger"].items()}  # what validate/test return: the logged epoch values
 
 
-def _split_by_loader(metrics: Mapping[str, float], count: int) -> list[dict[str, float]]:
+def _split_by_loader(metrics: Mapping[str, float], count: int,
+                     loaders: Mapping[str, int | None]) -> list[dict[str, float]]:
+    """One dict per loader, as Lightning's results: each value in the dict of the loader it was logged for (with or
+    without its `/dataloader_idx_N`), values logged outside any loader (in the epoch-end hook) in all of them."""
     if count <= 1:
         return [dict(metrics)] if count else []
     out: list[dict[str, float]] = [{} for _ in range(count)]
     for key, value in metrics.items():
-        for idx in range(count):
-            if key.endswith(f"/dataloader_idx_{idx}"):
-                out[idx][key] = value
-                break
-        else:
-            for part in out:
-                part[key] = value
+        idx = loaders.get(key)
+        for part in out if idx is None else [out[idx]]:
+            part[key] = value
     return out
 
 

@@ -22,6 +22,8 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from strategies.base import Strategy
+from strategies.comm.distributed import rank_zero_warn
+from strategies.exceptions import ConfigError
 from strategies.wrapped_optimizer import StrategyOptimizer
 from trainer.checkpoint.loop_position import LoopPosition
 from trainer.core.optimizer_setup import SchedulerConfig, SchedulerStepper
@@ -180,6 +182,7 @@ class FitState:
             return True
         again = "train" in loaders.loaded
         loaders.load("train", epoch)
+        _check_train_batches(self.spec, loaders.num_train, bool(self.trainer.loggers))
         self.schedule.set_batches(loaders.num_train, self.schedule.has_validation)
         point = self.resume_point
         sampler = resumable_sampler(loaders.train)
@@ -224,6 +227,23 @@ class FitState:
         """What `TrainModule.optimizers()` hands out: the wrappers that step through the strategy, or (wrapped=False)
         the optimizers themselves."""
         return self.user_optimizers if wrapped else self.optimizers
+
+
+def _check_train_batches(spec: RunSpec, batches: int | float, has_loggers: bool) -> None:
+    """Lightning's checks once the training batch count is known: an int `val_check_interval` beyond it (with
+    validation every epoch) never validates, and a `log_every_n_steps` beyond it logs no step at all."""
+    interval = spec.val_check_interval
+    if isinstance(interval, int) and interval > batches and spec.check_val_every_n_epoch is not None \
+            and spec.limit_val_batches != 0:
+        raise ConfigError(
+            f"val_check_interval={interval} is more than the {batches} training batches of an epoch, so this fit would "
+            "never validate: give at most that many, set limit_val_batches=0 to train without validation, or "
+            "check_val_every_n_epoch=None to count the batches across epochs."
+        )
+    if has_loggers and batches < spec.log_every_n_steps and not spec.fast_dev_run:
+        rank_zero_warn(f"the epoch has {batches} training batches, fewer than log_every_n_steps="
+                       f"{spec.log_every_n_steps}: step values reach the loggers less than once per epoch. Lower "
+                       "log_every_n_steps to see more of them.")
 
 
 def _draw_as_lightning_reload(train: Any) -> None:

@@ -74,6 +74,7 @@ class _Entry:
     pending: bool = False  # logged since the last epoch_end
     alias_step: bool = False  # callback_metrics[name] shows the step value until the epoch value exists
     suffix: str = ""  # "/dataloader_idx_N" when `name` ends with it: the forked keys put it last, as Lightning's
+    dataloader_idx: int | None = None  # the loader it was logged for (several evaluation loaders), also unsuffixed
 
     def update_epoch(self, value: Tensor, batch_size: int) -> None:
         if self.reduce_fx == "mean":
@@ -128,6 +129,8 @@ class ResultCollection:
         self.entries: dict[str, _Entry] = {}
         self.current_fx: str | None = None
         self.key_suffix = ""
+        self.dataloader_idx: int | None = None  # the evaluation loader running, with several
+        self.output_loaders: dict[str, int | None] = {}  # epoch output key -> the loader it belongs to (None: all)
         self._loader_of: dict[str, str] = {}  # name logged with add_dataloader_idx=False → its loader
         self._batch: Any = None
         self._batch_size: int | None = None
@@ -165,7 +168,7 @@ class ResultCollection:
             if entry is None:
                 suffix = self.key_suffix if add_dataloader_idx else ""
                 entry = self.entries[key] = _Entry(name_key, step, epoch, prog_bar, logger, sync_dist, reduce_fx,
-                                                   suffix=suffix)
+                                                   suffix=suffix, dataloader_idx=self.dataloader_idx)
             entry.pending = True
             entry.alias_step = step
             if _is_metric(value):
@@ -294,6 +297,7 @@ class ResultCollection:
             if value is None:
                 continue
             key = entry.epoch_key()
+            self.output_loaders[key] = self.output_loaders[entry.name] = entry.dataloader_idx
             out["callback"][key] = value
             out["callback"][entry.name] = value
             if entry.logger:
@@ -304,7 +308,7 @@ class ResultCollection:
         return out
 
     _SAVED_FIELDS = ("name", "on_step", "on_epoch", "prog_bar", "logger", "sync_dist", "reduce_fx", "step_value",
-                     "total", "weight", "pending", "alias_step", "suffix")
+                     "total", "weight", "pending", "alias_step", "suffix", "dataloader_idx")
 
     def state_dict(self, before_batch: bool = False) -> dict[str, dict[str, Any]]:
         """The epoch accumulators, so a mid-epoch resume ends the epoch with the same values; with

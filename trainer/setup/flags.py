@@ -142,7 +142,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("num_sanity_val_steps", None, check.int_at_least(-1, " (-1 runs all validation batches)"), 2),
     Flag("accumulate_grad_batches", 1, check.int_at_least(1)),
     Flag("gradient_clip_val", None, check.clip_value),
-    Flag("gradient_clip_algorithm", "norm", check.one_of("norm", "value")),
+    Flag("gradient_clip_algorithm", None, check.one_of("norm", "value"), "norm"),
     Flag("log_every_n_steps", None, check.int_at_least(0, " (0: no step values reach the loggers)"), 50),
     Flag("enable_checkpointing", None, check.boolean, True),
     Flag("enable_progress_bar", None, check.boolean, True),
@@ -202,6 +202,7 @@ def parse_flags(hardware: Hardware | None = None, **given: Any) -> RunSpec:
         values.update(max_epochs=1, max_steps=dev_run, num_sanity_val_steps=0, limit_train_batches=dev_run,
                       limit_val_batches=dev_run, limit_test_batches=dev_run, limit_predict_batches=dev_run,
                       val_check_interval=1.0, check_val_every_n_epoch=1, enable_checkpointing=False)
+    _check_validation_cadence(values)
     if overfit := values["overfit_batches"]:  # Lightning's rule: it sets both limits, over fast_dev_run's too
         values.update(limit_train_batches=overfit, limit_val_batches=overfit)
     values["strategy"] = _resolve_strategy(values["strategy"], devices, values["num_nodes"],
@@ -210,6 +211,18 @@ def parse_flags(hardware: Hardware | None = None, **given: Any) -> RunSpec:
         values["strategy"].precision = values["plugins"]
     _check_strategy_precision(values["strategy"], values["precision"])
     return RunSpec(device_type=device_type, devices=tuple(devices), **values)
+
+
+def _check_validation_cadence(values: dict[str, Any]) -> None:
+    """Lightning's rule: without `check_val_every_n_epoch` validation is counted across epochs, in batches or by the
+    clock, so a fraction of an epoch (a float, 1.0 included) means nothing there."""
+    interval = values["val_check_interval"]
+    if values["check_val_every_n_epoch"] is None and isinstance(interval, float):
+        raise ConfigError(
+            f"val_check_interval={interval!r} is a fraction of an epoch, which check_val_every_n_epoch=None does not "
+            "have: give an int (validate every N training batches, counted across epochs) or a time "
+            "('DD:HH:MM:SS', a timedelta or a dict), or set check_val_every_n_epoch."
+        )
 
 
 def _precision_with_plugin(values: dict[str, Any], precision_given: Any) -> str:

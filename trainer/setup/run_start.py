@@ -55,6 +55,8 @@ def before_environment(trainer: Trainer, module: Any) -> None:
     """Before any process group exists: the module's callbacks join, then the uncalled-hook check."""
     configure = profiled_method(trainer.profiler, module, "configure_callbacks", MODULE)
     trainer.callbacks = merge_model_callbacks(trainer.callbacks, configure())
+    for callback in trainer.callbacks:  # `self.log` in a callback's hooks logs through this module (Lightning's)
+        callback.logging_module = module
     trainer.fit_state.hooks.reset()
     refuse_uncalled_hooks(module, trainer.datamodule, trainer.callbacks)
 
