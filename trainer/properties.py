@@ -73,8 +73,8 @@ class TrainerProperties:
     """The `barebones` flag: whether everything that may cost speed is off."""
     log_every_n_steps = property(lambda self: self.fit_state.spec.log_every_n_steps)
     """How often step metrics go to the loggers."""
-    fast_dev_run = property(lambda self: self.init_flags["fast_dev_run"])
-    """The `fast_dev_run` flag as given (True, or a number of batches)."""
+    fast_dev_run = property(lambda self: self.init_flags["fast_dev_run"] == 1 or self.init_flags["fast_dev_run"])
+    """The `fast_dev_run` flag as Lightning keeps it: True for True or 1, else the number of batches (or False)."""
     limit_train_batches = property(lambda self: self.fit_state.spec.limit_train_batches)
     """Training batches per epoch: an int count or a float fraction (fast_dev_run and overfit_batches set it)."""
     limit_val_batches = property(lambda self: self.fit_state.spec.limit_val_batches)

@@ -29,8 +29,8 @@ class RefusedAttribute:
         self.name = name
 
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
-        raise AttributeError(f"Trainer.{self.name} is a Lightning internal that this Trainer does not have; "
-                             f"{self.instead}.")
+        raise AttributeError(f"'Trainer' object has no attribute {self.name!r}: it is a Lightning internal that "
+                             f"this Trainer does not have; {self.instead}.")
 
 
 class RunProperties:

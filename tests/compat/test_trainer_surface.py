@@ -49,6 +49,7 @@ def test_every_argument_of_lightnings_trainer_methods_exists_here(method: str):
 def test_flags_read_back_as_lightning_keeps_them():
     trainer = Trainer(fast_dev_run=True, **QUIET)
     assert trainer.fast_dev_run is True and trainer.limit_train_batches == 1 and trainer.num_sanity_val_steps == 0
+    assert Trainer(fast_dev_run=1, **QUIET).fast_dev_run is True and Trainer(fast_dev_run=3, **QUIET).fast_dev_run == 3
     trainer = Trainer(limit_test_batches=1e50, num_sanity_val_steps=-1, min_steps=None, **QUIET)
     assert trainer.limit_test_batches == int(1e50) and trainer.num_sanity_val_steps == math.inf
     assert trainer.min_steps is None and trainer.reload_dataloaders_every_n_epochs == 0

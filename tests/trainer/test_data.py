@@ -166,3 +166,11 @@ def test_set_epoch_reaches_each_sampler_once_also_in_evaluation():
     Trainer(max_epochs=2, limit_train_batches=1, limit_val_batches=1, **QUIET).fit(BoringModel(), train, val)
     assert [c.args for c in train.sampler.set_epoch.mock_calls] == [(0,), (1,)]
     assert [c.args for c in val.sampler.set_epoch.mock_calls] == [(0,), (0,), (1,)]  # the sanity check, 2 epochs
+
+
+def test_a_len_that_raises_not_implemented_means_no_length():
+    class NoLength(DataLoader):
+        def __len__(self) -> int:
+            raise NotImplementedError
+
+    assert lengths.loader_length(NoLength(RandomDataset(32, 8), batch_size=4)) == math.inf
