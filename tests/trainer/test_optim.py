@@ -124,3 +124,11 @@ def test_the_scheduler_config_says_whether_it_reduces_on_plateau():
                                     "lr_scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(opt)})
     step = normalize_optimizers({"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 1)})
     assert (plateau.schedulers[0].reduce_on_plateau, step.schedulers[0].reduce_on_plateau) == (True, False)
+
+
+def test_manual_optimization_warns_that_the_stepping_keys_are_ignored():
+    opt = torch.optim.SGD(BoringModel().parameters(), lr=0.1)
+    config = {"scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(opt), "monitor": "loss"}
+    with pytest.warns(RuntimeWarning, match="manual optimization ignores"):
+        setup = normalize_optimizers({"optimizer": opt, "lr_scheduler": config}, allow_none=True, automatic=False)
+    assert setup.schedulers[0].monitor == "loss"

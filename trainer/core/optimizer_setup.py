@@ -89,7 +89,8 @@ def _scheduler_config(value: Any, result: Any, monitor: str | None = None, custo
         ignored = sorted(set(value) & _STEPPING_KEYS) if isinstance(value, Mapping) else []
         if ignored:
             rank_zero_warn(f"the scheduler dict sets {ignored}, which manual optimization ignores: the Trainer steps "
-                           "no scheduler then; call `scheduler.step()` in training_step (self.lr_schedulers()).")
+                           "no scheduler then; call `scheduler.step()` in training_step (self.lr_schedulers()).",
+                           category=RuntimeWarning)
         return config
     _check_stepping(config, result, custom_step)
     return config
