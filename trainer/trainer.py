@@ -399,10 +399,12 @@ class Trainer(TrainerProperties, RunProperties):
 
     def _teardown(self, fn: TrainerFn) -> None:
         try:
-            self.profiler.describe()
-            if self.datamodule is not None:  # the datamodule's first, as in Lightning
-                profiled_method(self.profiler, self.datamodule, "teardown", DATAMODULE)(stage=fn)
-            call_hook(self.fit_state, "teardown", stage=fn)
+            try:
+                if self.datamodule is not None:  # the datamodule's first, as in Lightning
+                    profiled_method(self.profiler, self.datamodule, "teardown", DATAMODULE)(stage=fn)
+                call_hook(self.fit_state, "teardown", stage=fn)
+            finally:
+                self.profiler.describe()  # after the teardown hooks, which it times too (a profiler ends with it)
             for logger in self.loggers:
                 logger.finalize("success" if self.state.status == TrainerStatus.FINISHED else "failed")
             if self.state.status == TrainerStatus.FINISHED:

@@ -157,3 +157,10 @@ def test_simple_records_the_actions_lightning_records(entry: str):
         theirs = {a for a in _profiled_actions(pl, entry) if not re.match(r"\[Strategy\]\w+\.on_", a)}
         ours = _profiled_actions(None, entry)
     assert theirs - ours == set()
+
+
+def test_the_report_comes_after_the_teardown_hooks_it_times(tmp_path: Path):
+    """As Lightning's: nothing is timed after the report (torch's profiler crashed the interpreter at exit when a
+    teardown hook was recorded after it had stopped)."""
+    _fit(tmp_path, "simple")
+    assert "[LightningModule]BoringModel.teardown" in (tmp_path / "fit-profile.txt").read_text()
