@@ -413,5 +413,6 @@ class Trainer(TrainerProperties, RunProperties):
         finally:
             self._signals.restore()
             self.strategy.teardown()
+            self.fit_state.metrics.to_cpu()
             self.state.stage = None
 

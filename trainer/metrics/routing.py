@@ -82,6 +82,17 @@ class MetricsRouter:
         self._callback.update(state.get("callback", {}))
         self._logged.update(state.get("logged", {}))
 
+    def to_cpu(self) -> None:
+        """At the end of a run, as Lightning: the metrics users read after it live on the CPU (no device memory held,
+        nothing to synchronise when they are read)."""
+        if self._live is not None:
+            self._persist_live()
+            self._live = None
+        for values in (self._callback, self._logged, self._progress_bar):
+            for key, value in values.items():
+                if isinstance(value, Tensor) and value.device.type != "cpu":
+                    values[key] = value.cpu()
+
     def adopt(self, callback: dict[str, Tensor], logged: dict[str, Any]) -> None:
         """Take over the metrics a rank in another process produced (ddp_spawn)."""
         self._live = None
