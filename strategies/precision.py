@@ -93,7 +93,10 @@ class Precision:
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any) -> bool:
         """Step the optimizer (it calls `closure`, LBFGS several times); return False when the step was skipped
         (so schedulers do not step)."""
-        optimizer.step(closure, **kwargs) if closure is not None else optimizer.step(**kwargs)
+        if closure is not None:
+            optimizer.step(closure=closure, **kwargs)  # by keyword, as Lightning passes it
+        else:
+            optimizer.step(**kwargs)
         return True
 
     def state_dict(self) -> dict[str, Any]:

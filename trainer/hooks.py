@@ -78,8 +78,22 @@ Notes on the pseudocode:
   when it defines them); `on_validation_model_eval` before `on_validation_start` (after
   `on_sanity_check_start`) and `on_validation_model_train` after `on_validation_end`, likewise for test
   and `on_predict_model_eval`; `on_validation_model_zero_grad` before a validation inside fit.
-- A fit() on a Trainer that already reached max_epochs/max_steps runs only setup, configure_optimizers,
-  on_fit_start, on_fit_end and teardown (as in Lightning).
+- `setup` and `teardown` get the run's `TrainerFn` by keyword (`stage="fit"`), the DataModule's first, then the
+  callbacks', then the module's (teardown likewise).
+- Where the loaders are requested (Lightning's order): `val_dataloader` inside the sanity check (after
+  on_sanity_check_start), `train_dataloader` after the sanity check, before on_train_start (and `val_dataloader`
+  there when no sanity check ran and the first epoch validates); `val/test/predict_dataloader` of validate/test/
+  predict after the module's `zero_grad()`, which runs before every stage (after on_fit_start in fit). A stage
+  whose loaders hold no batch (or whose limit is 0) runs none of its hooks. With
+  `reload_dataloaders_every_n_epochs` they are requested again at the epoch start / validation that is due.
+- Schedulers: step-interval ones right after the optimizer step, epoch-interval ones after the epoch's last batch
+  (both before on_train_batch_end); the ones that monitor a metric (ReduceLROnPlateau) after that batch's validation
+  or after on_train_epoch_end. Manual optimization steps its schedulers itself.
+- Evaluation hooks, from on_*_model_eval to on_*_model_train, run under `torch.inference_mode` (`no_grad` inside
+  fit); the module's mode is left as it is for training (no `.train()` at epoch start).
+- A `model.<hook> = None` switches the hook off (a `validation_step = None` the validation loop).
+- A fit() on a Trainer that already reached max_epochs/max_steps runs setup, configure_optimizers, on_fit_start,
+  the sanity check, `train_dataloader`, on_fit_end and teardown (as in Lightning).
 """
 
 from __future__ import annotations
@@ -92,16 +106,52 @@ if TYPE_CHECKING:
     from trainer.loops.fit_state import FitState
     from trainer.trainer import Trainer
 
+# Lightning's prefixes of an object's actions in a profiler report, kept as a report of Lightning's shows them
+MODULE, DATAMODULE, STRATEGY = "[LightningModule]", "[LightningDataModule]", "[Strategy]"
 # Hooks for which monitoring callbacks must run after the module (see module docstring).
 _MONITOR_AFTER_MODULE = frozenset({"on_train_epoch_end"})
+# `call_hook(loop, "on_train_epoch_end")` calls the other callbacks and the module; the loop calls
+# `call_hook(loop, "on_train_epoch_end" + MONITORING)` for the monitoring callbacks once the values the module
+# logged there are in `callback_metrics` (as Lightning's, computed when read).
+MONITORING = ":monitoring"
+_LOGGED_AS = {name + MONITORING: name for name in _MONITOR_AFTER_MODULE}  # what `self.log` in such a part counts as
 
 
 def is_overridden(obj: Any, name: str, base: type) -> bool:
-    """True when `obj` defines `name` differently from `base`'s no-op (or as an instance attribute)."""
-    if name in getattr(obj, "__dict__", {}):
-        return True
+    """Lightning's rule: `obj.name` has code other than `base.name`'s. A wrapper (`functools.wraps`,
+    `functools.partial`, `Mock(wraps=...)`) counts as what it wraps, and `obj.name = None` (Lightning's idiom to switch
+    a loop or a hook off) as not defined. A callable without code of its own (an object with `__call__`) counts."""
+    attr = getattr(obj, name, None) if obj is not None else None
+    if attr is None:
+        return False
+    attr = getattr(attr, "__wrapped__", attr)
+    if type(attr).__module__ == "unittest.mock":  # Mock(wraps=fn): the function it wraps (without importing mock)
+        attr = getattr(attr, "_mock_wraps", None)
+    elif isinstance(attr, partial):
+        attr = attr.func
+    if attr is None:
+        return False
+    default = getattr(base, name, None)
+    default = getattr(default, "__wrapped__", default)
+    code = getattr(attr, "__code__", None)
+    return code is None or code is not getattr(default, "__code__", None)
+
+
+def runs_hook(obj: Any, name: str, base: type) -> bool:
+    """Whether calling `obj.name` may do more than `base`'s no-op: a class override, or any callable instance
+    attribute (a wrapper of the default included, so that it is called as Lightning calls every hook); None or
+    another non-callable switches the hook off. Cheaper than `is_overridden`: the dispatcher asks it once per hook."""
+    own = getattr(obj, "__dict__", {})
+    if name in own:
+        return callable(own[name])
     impl = getattr(type(obj), name, None)
     return impl is not None and impl is not getattr(base, name, None)
+
+
+def module_hook(module: Any, name: str) -> Callable[..., Any] | None:
+    """`module.name` when it is callable, else None: a hook set to None is skipped, as Lightning skips it."""
+    fn = getattr(module, name, None)
+    return fn if callable(fn) else None
 
 
 class HookDispatcher:
@@ -137,27 +187,33 @@ class HookDispatcher:
     def _resolve(self, name: str) -> list[Callable[..., Any]]:
         trainer = self._trainer
         module = trainer.lightning_module
+        name, _, part = name.partition(":")
         callbacks: list[Any] = []
         if trainer.callbacks:  # without any, callbacks.base need not be imported
             from callbacks.base import Callback
 
-            callbacks = [cb for cb in trainer.callbacks if is_overridden(cb, name, Callback)]
-        calls: list[Callable[..., Any]] = []
+            callbacks = [cb for cb in trainer.callbacks if runs_hook(cb, name, Callback)]
         if name in _MONITOR_AFTER_MODULE:
-            first = [cb for cb in callbacks if not getattr(cb, "is_monitoring_callback", False)]
-            last = [cb for cb in callbacks if getattr(cb, "is_monitoring_callback", False)]
-        else:
-            first, last = callbacks, []
-        calls.extend(_callback_call(cb, name, trainer) for cb in first)
-        if module is not None and hasattr(module, name) and is_overridden(module, name, self._module_base):
-            calls.append(_profiled(trainer, f"[LightningModule]{type(module).__name__}.{name}", getattr(module, name)))
-        calls.extend(_callback_call(cb, name, trainer) for cb in last)
+            monitoring = [cb for cb in callbacks if getattr(cb, "is_monitoring_callback", False)]
+            if part:  # the monitoring callbacks' turn
+                return [_callback_call(cb, name, trainer) for cb in monitoring]
+            callbacks = [cb for cb in callbacks if cb not in monitoring]
+        calls = [_callback_call(cb, name, trainer) for cb in callbacks]
+        # Lightning calls (and so profiles) every module hook; without a profiler only the ones that do something
+        profiling_default = trainer.profiler.enabled and callable(getattr(self._module_base, name, None))
+        if module is not None and (runs_hook(module, name, self._module_base)
+                                   or profiling_default and module_hook(module, name) is not None):
+            calls.append(_profiled(trainer, f"{MODULE}{type(module).__name__}.{name}", getattr(module, name)))
         return calls
 
 
 def _profiled(trainer: Trainer, action: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn` timed under Lightning's action name when a profiler is on; `fn` itself (no cost) when not."""
-    profiler = trainer.profiler
+    return timed(trainer.profiler, action, fn)
+
+
+def timed(profiler: Any, action: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` timed as `action` when `profiler` is on; `fn` itself (no cost) when it is off."""
     if not profiler.enabled:
         return fn
 
@@ -166,6 +222,12 @@ def _profiled(trainer: Trainer, action: str, fn: Callable[..., Any]) -> Callable
             return fn(*args, **kwargs)
 
     return call
+
+
+def profiled_method(profiler: Any, obj: Any, name: str, tag: str) -> Callable[..., Any]:
+    """`obj.name`, timed as Lightning names it (`[LightningModule]MyModel.configure_optimizers`, ...) when profiling;
+    `tag` is one of MODULE, DATAMODULE, STRATEGY."""
+    return timed(profiler, f"{tag}{type(obj).__name__}.{name}", getattr(obj, name))
 
 
 def _callback_call(callback: Any, name: str, trainer: Trainer) -> Callable[..., Any]:
@@ -188,7 +250,7 @@ def call_hook(loop: FitState, name: str, *args: Any, **kwargs: Any) -> Any:
         return None
     results = loop.results
     previous = results.current_fx
-    results.current_fx = name
+    results.current_fx = _LOGGED_AS.get(name, name)
     returned = None
     try:
         for fn in targets:

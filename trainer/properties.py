@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from strategies.comm.distributed import rank_zero_info
 from strategies.exceptions import MisconfigurationError
 from trainer.setup.loaded_classes import instances_of
 from trainer.state import RunningStage
@@ -28,6 +29,7 @@ class TrainerProperties:
     """Mixed into Trainer: Lightning's read-only properties, each a one-line view of the run's state."""
 
     fit_state: FitState
+    init_flags: dict[str, Any]
     strategy: Any
     state: Any
     callbacks: list[Any]
@@ -55,8 +57,12 @@ class TrainerProperties:
 
     gradient_clip_val = property(lambda self: self.fit_state.spec.gradient_clip_val)
     """The clipping threshold, or None."""
-    gradient_clip_algorithm = property(lambda self: self.fit_state.spec.gradient_clip_algorithm)
-    """`"norm"` or `"value"`."""
+    @property
+    def gradient_clip_algorithm(self) -> str | None:
+        """`"norm"` or `"value"` as given to the Trainer; None when not given (clipping then goes by norm), as in
+        Lightning, which passes it so to `configure_gradient_clipping`."""
+        return None if self.init_flags.get("gradient_clip_algorithm") is None else \
+            self.fit_state.spec.gradient_clip_algorithm
     check_val_every_n_epoch = property(lambda self: self.fit_state.spec.check_val_every_n_epoch)
     """Validate every N epochs (None: count `val_check_interval` batches across epochs)."""
     val_check_interval = property(lambda self: self.fit_state.spec.val_check_interval)
@@ -67,8 +73,25 @@ class TrainerProperties:
     """The `barebones` flag: whether everything that may cost speed is off."""
     log_every_n_steps = property(lambda self: self.fit_state.spec.log_every_n_steps)
     """How often step metrics go to the loggers."""
-    fast_dev_run = property(lambda self: self.fit_state.spec.fast_dev_run)
-    """The `fast_dev_run` flag."""
+    fast_dev_run = property(lambda self: self.init_flags["fast_dev_run"] == 1 or self.init_flags["fast_dev_run"])
+    """The `fast_dev_run` flag as Lightning keeps it: True for True or 1, else the number of batches (or False)."""
+    limit_train_batches = property(lambda self: self.fit_state.spec.limit_train_batches)
+    """Training batches per epoch: an int count or a float fraction (fast_dev_run and overfit_batches set it)."""
+    limit_val_batches = property(lambda self: self.fit_state.spec.limit_val_batches)
+    """Validation batches per loader: an int count or a float fraction."""
+    limit_test_batches = property(lambda self: self.fit_state.spec.limit_test_batches)
+    """Test batches per loader: an int count or a float fraction."""
+    limit_predict_batches = property(lambda self: self.fit_state.spec.limit_predict_batches)
+    """Predict batches per loader: an int count or a float fraction."""
+    min_steps = property(lambda self: self.init_flags["min_steps"])
+    """The `min_steps` flag (None: no minimum)."""
+    num_sanity_val_steps = property(lambda self: math.inf if self.fit_state.spec.num_sanity_val_steps == -1
+                                    else self.fit_state.spec.num_sanity_val_steps)
+    """Validation batches per loader in the sanity check (`inf`: all; 0 with fast_dev_run or barebones)."""
+    reload_dataloaders_every_n_epochs = property(lambda self: self.fit_state.spec.reload_dataloaders_every_n_epochs)
+    """Request the fit's loaders again every N epochs (0: once)."""
+    enable_autolog_hparams = property(lambda self: self.fit_state.spec.enable_autolog_hparams)
+    """Whether the module's and datamodule's hyperparameters go to the loggers at fit start."""
     default_root_dir = property(lambda self: str(self.fit_state.spec.default_root_dir))
     """Where logs and checkpoints go (the current directory by default)."""
     precision = property(lambda self: self.fit_state.spec.precision)
@@ -79,9 +102,6 @@ class TrainerProperties:
     """The number of devices (processes) per machine."""
     checkpoint_on_interrupt = property(lambda self: self.fit_state.spec.checkpoint_on_interrupt)
     """The `checkpoint_on_interrupt` flag: whether Ctrl-C saves a checkpoint before the run stops."""
-    ckpt_path = property(lambda self: self.fit_state.ckpt_path)
-    """The checkpoint the running (or last) fit/validate/test/predict loaded, resolved ('last' names the file), or
-    None. Read-only: pass `ckpt_path=` to `fit`, `validate`, `test` or `predict` to choose one."""
 
     # --- state users read ---------------------------------------------------------------------------
     @property
@@ -208,11 +228,14 @@ class TrainerProperties:
         if spec.max_epochs == -1:
             return math.inf if spec.max_steps == -1 else spec.max_steps
         loaders = self.fit_state.loaders
-        if loaders.train is None:
-            raise MisconfigurationError(
-                "estimated_stepping_batches needs the training data, which fit() resolves before "
-                "configure_optimizers(): read it there or in a later hook, not before fit()."
-            )
+        if "train" not in loaders.loaded:
+            if not loaders.defined("train"):
+                raise MisconfigurationError(
+                    "estimated_stepping_batches needs the training data: read it during fit() (in "
+                    "configure_optimizers or a later hook), not before."
+                )
+            rank_zero_info("Requesting the training loaders to estimate the number of stepping batches.")
+            self.fit_state.request_train()  # as Lightning does; the fit then keeps these loaders
         if loaders.num_train == math.inf:
             return spec.max_steps if spec.max_steps != -1 else math.inf
         steps = math.ceil(loaders.num_train / self.accumulate_grad_batches) * max(spec.max_epochs, 1)
@@ -220,8 +243,8 @@ class TrainerProperties:
 
     @property
     def num_val_batches(self) -> list[int | float]:
-        """Validation batches per loader after `limit_val_batches`."""
-        return list(self.fit_state.loaders.val_limits)
+        """Validation batches per loader after `limit_val_batches` (each iterable of a CombinedLoader counts)."""
+        return list(self.fit_state.loaders.counts.get("val", []))
 
     @property
     def sanity_checking(self) -> bool:
@@ -235,8 +258,24 @@ class TrainerProperties:
 
     @property
     def train_dataloader(self) -> Any:
-        """The training loader as the Trainer uses it (with its distributed sampler, if injected)."""
-        return self.fit_state.loaders.train
+        """The training loader(s) of the fit, as the Trainer uses them (a distributed sampler injected where needed),
+        in the shape they were given (one loader, a list or a dict); None before they are requested."""
+        return self.fit_state.loaders.collections.get("train")
+
+    @property
+    def val_dataloaders(self) -> Any:
+        """The validation loader(s) of the current or last run, in the shape given; None before they are requested."""
+        return self.fit_state.loaders.collections.get("val")
+
+    @property
+    def test_dataloaders(self) -> Any:
+        """The test loader(s) of the current or last `test()`, in the shape given; None before they are requested."""
+        return self.fit_state.loaders.collections.get("test")
+
+    @property
+    def predict_dataloaders(self) -> Any:
+        """The predict loader(s) of the current or last `predict()`, in the shape given; None before requested."""
+        return self.fit_state.loaders.collections.get("predict")
 
     @property
     def total_batches(self) -> int:
@@ -246,18 +285,22 @@ class TrainerProperties:
 
     @property
     def num_sanity_val_batches(self) -> list[int | float]:
-        """Sanity-check batches per validation loader (`num_sanity_val_steps`, capped by each loader's limit)."""
-        return self.fit_state.eval_loaders(RunningStage.SANITY_CHECKING)[1]
+        """Sanity-check batches per validation loader (`num_sanity_val_steps`, capped by each loader's limit); empty
+        outside fit, as in Lightning."""
+        if self.state.fn is None or self.state.fn.value != "fit":
+            return []
+        schedule = self.fit_state.schedule
+        return [schedule.sanity_steps(n) for n in self.fit_state.loaders.counts.get("val", [])]
 
     @property
     def num_test_batches(self) -> list[int | float]:
         """Test batches per loader after `limit_test_batches`."""
-        return list(self.fit_state.loaders.test_limits)
+        return list(self.fit_state.loaders.counts.get("test", []))
 
     @property
     def num_predict_batches(self) -> list[int | float]:
         """Predict batches per loader after `limit_predict_batches`."""
-        return list(self.fit_state.loaders.predict_limits)
+        return list(self.fit_state.loaders.counts.get("predict", []))
 
     @property
     def predict_loop(self) -> PredictLoop:

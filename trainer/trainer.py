@@ -16,13 +16,18 @@ from strategies.checkpoint_io.atomic_file import remove_stale_temp_files
 from strategies.exceptions import ConfigError, MisconfigurationError
 from strategies.model.compiled import unwrap_compiled
 from trainer.checkpoint import schema as ckpt
-from trainer.checkpoint.ckpt_path import default_ckpt_path, resolve_ckpt_path
+from trainer.checkpoint.ckpt_path import check_weights_only, default_ckpt_path, resolve_ckpt_path
 from trainer.checkpoint.loop_position import LoopPosition, Phase
 from trainer.core.datamodule import DataModule
 from trainer.core.module import TrainModule
-from trainer.core.optimizer_setup import SchedulerStepper, normalize_optimizers
-from trainer.hooks import HookDispatcher, call_hook, is_overridden
-from trainer.loops import automatic_optimization as optimizer_path
+from trainer.hooks import (
+    DATAMODULE,
+    HookDispatcher,
+    call_hook,
+    is_overridden,
+    module_hook,
+    profiled_method,
+)
 from trainer.loops import evaluation_loop
 from trainer.loops import fit_loop as loops
 from trainer.loops.fit_state import FitState
@@ -36,15 +41,17 @@ from trainer.ranks import failure
 from trainer.ranks.agreement import ControlPlane
 from trainer.ranks.preemption import StopSignals
 from trainer.ranks.rank_result import pack_if_child
+from trainer.run_properties import RunProperties
 from trainer.seed import apply_cudnn_benchmark, enable_determinism
 from trainer.setup import run_start
 from trainer.setup.barebones import announce_start, apply_barebones
 from trainer.setup.defaults import agree_logger_versions, build_callbacks, build_loggers
 from trainer.setup.flags import FLAG_NAMES, parse_flags
+from trainer.setup.optimization import setup_optimization
 from trainer.state import Progress, RunningStage, TrainerFn, TrainerState, TrainerStatus
 
 
-class Trainer(TrainerProperties):
+class Trainer(TrainerProperties, RunProperties):
     """Trains a TrainModule. Arguments and defaults follow PyTorch Lightning 2.x (see docs/index.md).
 
     Every flag is checked when the Trainer is built (a `ConfigError` names the flag and the accepted values);
@@ -92,7 +99,7 @@ class Trainer(TrainerProperties):
         num_sanity_val_steps: int | None = None,
         accumulate_grad_batches: int = 1,
         gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str | None = "norm",
+        gradient_clip_algorithm: str | None = None,
         callbacks: Any = None,
         logger: Any = None,
         log_every_n_steps: int | None = None,
@@ -113,6 +120,9 @@ class Trainer(TrainerProperties):
         sync_batchnorm: bool = False,
         barebones: bool = False,
         reload_dataloaders_every_n_epochs: int = 0,
+        plugins: Any = None,
+        enable_autolog_hparams: bool = True,
+        model_registry: str | None = None,
     ) -> None:
         given = locals()
         flags = {name: given[name] for name in FLAG_NAMES}
@@ -125,6 +135,8 @@ class Trainer(TrainerProperties):
         self.loggers = build_loggers(given["logger"], spec)
         self.callbacks = build_callbacks(callbacks, spec)
         self.datamodule: Any = None
+        self._loaded_ckpt_path: str | Path | None = None  # what `ckpt_path` reads after a run
+        self._user_ckpt_path: str | Path | None = None  # set through `trainer.ckpt_path = ...` for the next runs
         self._signals = StopSignals()
         progress = Progress()
         metrics = MetricsRouter(spec.log_every_n_steps, progress)
@@ -136,10 +148,11 @@ class Trainer(TrainerProperties):
             schedule=FitSchedule(spec, progress), control=control, metrics=metrics, hooks=HookDispatcher(self,
             TrainModule), train_results=train_results, results=train_results,
         )
+        self.fit_state.loaders.profiler = self.profiler
 
     # --- entry points -------------------------------------------------------------------------------
     def fit(self, model: Any, train_dataloaders: Any = None, val_dataloaders: Any = None,
-            datamodule: Any = None, ckpt_path: str | Path | None = None) -> None:
+            datamodule: Any = None, ckpt_path: str | Path | None = None, weights_only: bool | None = None) -> None:
         """Train `model`; resume from `ckpt_path` (a path, or "last") when given.
 
         With several devices or nodes this is where the other ranks start (see docs/distributed.md).
@@ -153,6 +166,8 @@ class Trainer(TrainerProperties):
             datamodule: a DataModule providing the loaders.
             ckpt_path: a checkpoint file (or sharded folder) to resume from; `"last"` takes the newest checkpoint
                 of the ModelCheckpoint callbacks and starts from scratch when there is none.
+            weights_only: Lightning 2.6's switch for `torch.load`: None or True (checkpoints always load
+                weights-only here); False is refused.
 
         Raises:
             MisconfigurationError: the module lacks `training_step` or `configure_optimizers`, or returns
@@ -161,19 +176,25 @@ class Trainer(TrainerProperties):
         """
         if datamodule is None and isinstance(train_dataloaders, DataModule):
             datamodule, train_dataloaders = train_dataloaders, None
+        check_weights_only(weights_only)
         self._launch(TrainerFn.FITTING, model, datamodule,
-                             {"train": train_dataloaders, "val": val_dataloaders}, ckpt_path)
+                     {"train": train_dataloaders, "val": val_dataloaders}, ckpt_path)
 
     def validate(self, model: Any = None, dataloaders: Any = None, ckpt_path: str | Path | None = None,
-                 verbose: bool = True, datamodule: Any = None) -> list[dict[str, float]]:
-        """Run one validation epoch; returns one metrics dict per dataloader, and with `verbose` rank 0 prints
-        them as a table. Without a model (the one of the previous fit) and without `ckpt_path`, the best
-        checkpoint of that fit is loaded first, as in Lightning."""
+                 verbose: bool = True, datamodule: Any = None, weights_only: bool | None = None,
+                 ) -> list[dict[str, float]]:
+        """Run one validation epoch; returns one dict per dataloader of the epoch values sent to the loggers (as
+        Lightning's), and with `verbose` rank 0 prints them as a table. Without a model (the one of the previous fit)
+        and without `ckpt_path`, the best checkpoint of that fit is loaded first, as in Lightning. `weights_only`: as
+        in `fit`."""
+        check_weights_only(weights_only)
         return self._evaluate(TrainerFn.VALIDATING, model, dataloaders, ckpt_path, verbose, datamodule)
 
     def test(self, model: Any = None, dataloaders: Any = None, ckpt_path: str | Path | None = None,
-             verbose: bool = True, datamodule: Any = None) -> list[dict[str, float]]:
+             verbose: bool = True, datamodule: Any = None, weights_only: bool | None = None,
+             ) -> list[dict[str, float]]:
         """Run one test epoch; returns one metrics dict per dataloader (see `validate`)."""
+        check_weights_only(weights_only)
         return self._evaluate(TrainerFn.TESTING, model, dataloaders, ckpt_path, verbose, datamodule)
 
     def _evaluate(self, fn: TrainerFn, model: Any, dataloaders: Any, ckpt_path: str | Path | None, verbose: bool,
@@ -187,13 +208,15 @@ class Trainer(TrainerProperties):
         return results
 
     def predict(self, model: Any = None, dataloaders: Any = None, datamodule: Any = None,
-                return_predictions: bool | None = None, ckpt_path: str | Path | None = None) -> list[Any] | None:
+                return_predictions: bool | None = None, ckpt_path: str | Path | None = None,
+                weights_only: bool | None = None) -> list[Any] | None:
         """Run predict_step over the predict loader(s); returns the predictions: a list of batch outputs (one
         list per loader when several). With several ranks every rank returns the predictions of all ranks in
         the data set's order, as one process over the same data would (Lightning returns each rank's shard);
-        `return_predictions=False` (None means True) keeps and gathers nothing."""
+        `return_predictions=False` (None means True) keeps and gathers nothing. `weights_only`: as in `fit`."""
+        check_weights_only(weights_only)
         return self._launch(TrainerFn.PREDICTING, model, datamodule,
-                                    {"predict": dataloaders, "return_predictions": return_predictions}, ckpt_path)
+                            {"predict": dataloaders, "return_predictions": return_predictions}, ckpt_path)
 
     def init_module(self, empty_init: bool | None = None) -> AbstractContextManager:
         """Context manager for building the model: tensors are created on the strategy's device in the
@@ -202,8 +225,14 @@ class Trainer(TrainerProperties):
         load a checkpoint next); None lets the strategy decide. See docs/zero.md."""
         return self.strategy.tensor_init_context(empty_init)
 
-    def save_checkpoint(self, filepath: str | Path, weights_only: bool = False) -> None:
-        """Save a checkpoint. Call it on every rank: the strategy decides who writes."""
+    def save_checkpoint(self, filepath: str | Path, weights_only: bool = False, storage_options: Any = None) -> None:
+        """Save a checkpoint. Call it on every rank: the strategy decides who writes. `storage_options` (Lightning's
+        options for its CheckpointIO) must be None: remote filesystems are configured the fsspec way here."""
+        if storage_options is not None:
+            raise ConfigError(
+                f"save_checkpoint(storage_options={storage_options!r}): this Trainer writes through fsspec, configured "
+                "by its environment variables and config files (e.g. AWS_ENDPOINT_URL); drop the argument."
+            )
         if self.fit_state.module is None:
             raise MisconfigurationError("save_checkpoint() needs a model: call it during or after fit().")
         with self.fit_state.control.outside_steps():  # rank 0 may write for long while the others wait: no bound
@@ -241,24 +270,23 @@ class Trainer(TrainerProperties):
             apply_cudnn_benchmark(loop.spec.benchmark, loop.spec.deterministic)
             run_start.prepare_data(self, model)
             if self.datamodule is not None:
-                self.datamodule.setup(stage)
-            call_hook(loop, "setup", stage)
-            run_start.configure_model(self.strategy, model)
-            loop.loaders.resolve(loop.spec, self.strategy, model, self.datamodule, fn, loaders)
+                profiled_method(self.profiler, self.datamodule, "setup", DATAMODULE)(stage=fn)
+            call_hook(loop, "setup", stage=fn)  # Lightning passes the TrainerFn ("fit", ...) by keyword
+            run_start.configure_model(self.strategy, model, self.profiler)
+            loop.loaders.bind(loop.spec, self.strategy, model, self.datamodule, fn, loaders)  # requested by the loops
             run_start.read_signatures(loop, model, fn)
             run_start.sync_batchnorm(self, model)
             self.strategy.setup_module(model)
             if loop.compiler is not None:
                 self.strategy.compile_module(loop.compiler)
+            if ckpt_path is None and self._user_ckpt_path is not None:  # `trainer.ckpt_path = ...`, as Lightning
+                ckpt_path = self._user_ckpt_path
             path = resolve_ckpt_path(self, default_ckpt_path(self, fn, ckpt_path, model_given))
-            loop.ckpt_path = str(path) if path else None
-            checkpoint = None
-            if path:
-                checkpoint = ckpt.load_checkpoint_file(self.strategy, path)
-                model.on_load_checkpoint(checkpoint)  # first, as in Lightning: it may edit the state_dict
-                ckpt.restore_module(self.strategy, checkpoint, path, strict=model.strict_loading)
+            self._loaded_ckpt_path = str(path) if path else None
+            checkpoint = self._restore_module(model, path) if path else None
             if fn == TrainerFn.FITTING:
                 return self._fit(model, checkpoint, path)
+            model.zero_grad()  # as Lightning, before every stage
             return self._evaluate_or_predict(fn, loaders)
         except BaseException as exc:
             self.state.status = TrainerStatus.INTERRUPTED
@@ -272,7 +300,17 @@ class Trainer(TrainerProperties):
                 raise clearer from exc
             raise
         finally:
-            self._teardown(stage)
+            self._teardown(fn)
+
+    def _restore_module(self, model: Any, path: Any) -> dict[str, Any]:
+        """Read the checkpoint and load the module's weights; the module's `on_load_checkpoint` comes first, as in
+        Lightning (it may edit the state_dict)."""
+        checkpoint = ckpt.load_checkpoint_file(self.strategy, path)
+        hook = module_hook(model, "on_load_checkpoint")
+        if hook is not None:
+            hook(checkpoint)
+        ckpt.restore_module(self.strategy, checkpoint, path, strict=model.strict_loading)
+        return checkpoint
 
     def _report_failure(self, exc: BaseException) -> BaseException | None:
         """Print the root cause rank-prefixed, first; name a lost or hung peer; say why a rank leaves early."""
@@ -324,29 +362,7 @@ class Trainer(TrainerProperties):
 
     def _fit(self, model: Any, checkpoint: dict[str, Any] | None, path: Any) -> None:
         loop = self.fit_state
-        custom_scheduler_step = is_overridden(model, "lr_scheduler_step", TrainModule)
-        setup = normalize_optimizers(model.configure_optimizers(), allow_none=not loop.automatic,
-                                     custom_scheduler_step=custom_scheduler_step)
-        if loop.automatic and len(setup.optimizers) > 1:
-            raise MisconfigurationError(
-                f"configure_optimizers() returned {len(setup.optimizers)} optimizers; automatic optimization "
-                "supports one. Set self.automatic_optimization = False and step them in training_step."
-            )
-        if not loop.automatic and self.accumulate_grad_batches > 1:
-            raise ConfigError("accumulate_grad_batches > 1 is not supported with manual optimization; "
-                              "accumulate in training_step instead.")
-        optimizer_path.check_manual_optimization(loop, model, TrainModule)
-        for optimizer in setup.optimizers:
-            self.strategy.precision.check_optimizer(optimizer)
-        loop.optimizers = self.strategy.setup_optimizers(setup.optimizers)
-        for old, new in zip(setup.optimizers, loop.optimizers, strict=True):
-            for config in setup.schedulers:  # a strategy may swap in its own optimizer (ZeRO-1)
-                if getattr(config.scheduler, "optimizer", None) is old and new is not old:
-                    config.scheduler.optimizer = new
-        loop.lr_scheduler_configs = setup.schedulers
-        loop.scheduler_stepper = SchedulerStepper(setup.schedulers, model.lr_scheduler_step)
-        loop.user_optimizers = optimizer_path.wrap_optimizers(loop, setup.optimizers)
-        loop.custom_clipping = is_overridden(model, "configure_gradient_clipping", TrainModule)
+        setup_optimization(self, model)
         loop.progress.settle()  # a second fit() keeps the counters, as in Lightning
         loop.position.phase = Phase.BETWEEN_BATCHES
         loop.resume_point = None
@@ -355,10 +371,12 @@ class Trainer(TrainerProperties):
         for cb in self.checkpoint_callbacks:
             if cb.dirpath is not None:
                 remove_stale_temp_files(cb.dirpath)
-        loop.metrics.log_hyperparams(model, self.datamodule)
-        loop.schedule.start(loop.loaders.num_train, bool(loop.loaders.val), self.world_size)
+        if loop.spec.enable_autolog_hparams:
+            loop.metrics.log_hyperparams(model, self.datamodule)
+        loop.schedule.start(0, False, self.world_size)  # the batch counts once the loaders are requested
         loop.metrics.watch(loop.train_results)
         call_hook(loop, "on_fit_start")
+        model.zero_grad()  # as Lightning, before every stage
         self._signals.install()  # restored in _teardown
         with torch.autograd.set_detect_anomaly(loop.spec.detect_anomaly):
             loops.run_fit(loop)
@@ -379,12 +397,14 @@ class Trainer(TrainerProperties):
         folder = self.log_dir
         return None if "://" in folder else folder  # reports are local files; name a dirpath for a remote run
 
-    def _teardown(self, stage: str) -> None:
+    def _teardown(self, fn: TrainerFn) -> None:
         try:
-            self.profiler.describe()
-            call_hook(self.fit_state, "teardown", stage)
-            if self.datamodule is not None:
-                self.datamodule.teardown(stage)
+            try:
+                if self.datamodule is not None:  # the datamodule's first, as in Lightning
+                    profiled_method(self.profiler, self.datamodule, "teardown", DATAMODULE)(stage=fn)
+                call_hook(self.fit_state, "teardown", stage=fn)
+            finally:
+                self.profiler.describe()  # after the teardown hooks, which it times too (a profiler ends with it)
             for logger in self.loggers:
                 logger.finalize("success" if self.state.status == TrainerStatus.FINISHED else "failed")
             if self.state.status == TrainerStatus.FINISHED:
@@ -393,4 +413,6 @@ class Trainer(TrainerProperties):
         finally:
             self._signals.restore()
             self.strategy.teardown()
+            self.fit_state.metrics.to_cpu()
             self.state.stage = None
+

@@ -23,6 +23,7 @@ import torch.multiprocessing as mp
 
 from strategies.comm.distributed import find_free_port
 from strategies.launch.environment import ClusterEnvironment
+from strategies.launch.global_state import GlobalState
 from strategies.launch.parent_death import LAUNCHER_PID_VAR, die_with_parent
 from strategies.launch.script_launcher import GRACEFUL_EXIT_CODES, _rank_env, describe_exit, say
 
@@ -34,7 +35,9 @@ def _spawn_entry(local_rank: int, payload: bytes | list[Any], env_vars: list[dic
     os.environ.update(env_vars[local_rank])
     die_with_parent(int(env_vars[local_rank][LAUNCHER_PID_VAR]))  # torch's own parent-death signal is SIGINT
     data = payload if isinstance(payload, bytes) else _read_own_pipe(payload, local_rank)
-    fn, args = pickle.loads(data)
+    fn, args, state = pickle.loads(data)
+    if state is not None:
+        state.restore()  # the launching process's RNG and determinism flags (strategies/launch/global_state.py)
     try:
         result = fn(*args)  # the run ends with a barrier: every rank is past its last collective here
     except SystemExit as stop:
@@ -107,7 +110,8 @@ class SpawnLauncher:
     """Start every local rank with torch.multiprocessing (spawn); rank 0's return value comes back.
 
     Everything passed to the ranks is pickled, so the model, callbacks and data must be picklable
-    (defined at module level). The return value travels back as pickle bytes from our own rank 0.
+    (defined at module level). The return value travels back as pickle bytes from our own rank 0. Every rank
+    starts from this process's RNG states and determinism flags, as Lightning's spawned ranks do.
     """
 
     def __init__(self, processes_per_node: int, start_method: str = "spawn") -> None:
@@ -125,7 +129,8 @@ class SpawnLauncher:
         queue = mp_context.SimpleQueue()
         # Plain pickle bytes, not torch's shared-memory reductions: each rank must get its own copy of
         # the parameters, or every rank's optimizer step would land on the same memory.
-        payload = pickle.dumps((fn, args))
+        state = None if self.start_method == "fork" else GlobalState.capture()  # a forked rank inherits it
+        payload = pickle.dumps((fn, args, state))
         pipes = None if self.start_method == "fork" else [mp_context.Pipe(duplex=False)
                                                            for _ in range(self.processes_per_node)]
         shipped = payload if pipes is None else [reader for reader, _ in pipes]

@@ -21,9 +21,10 @@ CALLBACK_HOOKS = sorted(n for n, e in CALLBACK_NAMES.items()
 
 
 def _recording(name: str) -> Any:
-    def hook(self: Any, trainer: Any, pl_module: Any, *args: Any) -> None:
+    def hook(self: Any, trainer: Any, pl_module: Any, *args: Any, **kwargs: Any) -> None:
         assert isinstance(trainer, Trainer) and isinstance(pl_module, TrainModule)
-        self.calls.setdefault(name, []).append(args)
+        self.calls.setdefault(name, []).append((*args, *kwargs.values()))
+        self.keywords.setdefault(name, []).append(tuple(kwargs))
 
     return hook
 
@@ -31,6 +32,7 @@ def _recording(name: str) -> Any:
 class Recorder(Callback):
     def __init__(self) -> None:
         self.calls: dict[str, list[tuple[Any, ...]]] = {}
+        self.keywords: dict[str, list[tuple[str, ...]]] = {}  # the names of the arguments passed by keyword
         self.loaded: dict[str, Any] = {}
 
     def state_dict(self) -> dict[str, Any]:
@@ -85,6 +87,13 @@ def test_callback_hook_is_called_with_lightnings_arguments(name: str, recorded: 
     assert name in recorded.calls, f"{name} was never called"
     check = _ARGS.get(name)
     assert check is None or all(check(args) for args in recorded.calls[name])
+
+
+@pytest.mark.parametrize("name", ["setup", "teardown"])
+def test_setup_and_teardown_get_the_stage_by_keyword(name: str, recorded: Recorder):
+    """Lightning calls `setup(trainer, pl_module, stage=...)`: a callback whose third parameter has another name
+    fails there, and so here."""
+    assert set(recorded.keywords[name]) == {("stage",)}
 
 
 def test_callback_state_dict_goes_through_the_checkpoint_under_its_state_key(recorded: Recorder):

@@ -151,11 +151,40 @@ def test_several_validation_loaders_as_dict_and_list() -> None:
     assert pl is not None
 
 
-def test_sequential_mode_is_refused_for_training_and_other_modes_for_validation() -> None:
+def test_sequential_mode_is_refused_for_training() -> None:
     import trainer
 
     model = _recording_module(trainer.TrainModule)()
     with pytest.raises(MisconfigurationError, match="sequential"):
         trainer.Trainer(max_epochs=1, **_QUIET).fit(model, CombinedLoader(_loaders(), "sequential"))
-    with pytest.raises(MisconfigurationError, match="mode='sequential'"):
-        trainer.Trainer(max_epochs=1, **_QUIET).validate(model, CombinedLoader(_loaders(), "min_size"))
+
+
+@pytest.mark.parametrize("mode", ["min_size", "max_size_cycle", "max_size"])
+def test_validation_and_test_read_a_combined_loader_as_lightning(mode: str) -> None:
+    """A CombinedLoader in another mode than "sequential" is one stream of combined batches for validate and test
+    (each step gets the dict of batches and no dataloader_idx), and `num_val_batches` counts each iterable."""
+    pl = _lightning()
+    import trainer
+
+    seen = []
+    for base, trainer_cls, combined_cls in ((pl.LightningModule, pl.Trainer, _their_combined()),
+                                            (trainer.TrainModule, trainer.Trainer, CombinedLoader)):
+        class Reader(base):  # type: ignore[misc, valid-type]
+            def __init__(self) -> None:
+                super().__init__()
+                self.layer = torch.nn.Linear(4, 1)
+                self.batches: list[Any] = []
+
+            def validation_step(self, batch: Any, batch_idx: int) -> None:
+                self.batches.append((batch_idx, _flatten(_ids_of(batch))))
+
+            test_step = validation_step
+
+        model = Reader()
+        runner = trainer_cls(**_QUIET)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            runner.validate(model, combined_cls(_loaders(shuffle=False), mode), verbose=False)
+            runner.test(model, combined_cls(_loaders(shuffle=False), mode), verbose=False)
+        seen.append((model.batches, runner.num_val_batches, runner.num_test_batches))
+    assert seen[0] == seen[1] and seen[1][0]

@@ -23,10 +23,10 @@ class Data(DataModule):
         self.epochs_seen = 0
 
     def setup(self, stage: str) -> None:
-        self.calls.append(f"setup:{stage}")
+        self.calls.append(f"setup:{stage.value}")  # a TrainerFn, as in Lightning
 
     def teardown(self, stage: str) -> None:
-        self.calls.append(f"teardown:{stage}")
+        self.calls.append(f"teardown:{stage.value}")
 
     def train_dataloader(self) -> Any:
         self.calls.append("train_dataloader")
@@ -98,3 +98,13 @@ def test_hparams_reach_the_loggers():
     logger = Remembers()
     Trainer(max_epochs=1, limit_val_batches=0, **{**QUIET, "logger": logger}).fit(BoringModel(), datamodule=Data())
     assert logger.params == {"batch_size": 4}
+
+
+def test_from_datasets_hands_batch_size_and_num_workers_to_an_init_taking_kwargs():
+    class Kwargs(DataModule):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__()
+            self.given = kwargs
+
+    data = Kwargs.from_datasets(RandomDataset(32, 8), batch_size=4, num_workers=0, other=1)
+    assert data.given == {"batch_size": 4, "num_workers": 0, "other": 1}

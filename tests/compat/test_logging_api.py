@@ -209,3 +209,50 @@ def test_log_outside_a_trainer_names_the_fix():
         BoringModel().log("x", 1.0)
 
 
+
+
+@pytest.mark.parametrize(("reduce_fx", "expected"), [(min, 0.0), (max, 2.0), ("avg", 1.0), ("SUM", 3.0)])
+def test_reduce_fx_takes_lightnings_spellings(reduce_fx: Any, expected: float):
+    class M(BoringModel):
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("v", float(batch_idx), reduce_fx=reduce_fx, batch_size=1)
+
+    result = Trainer(limit_val_batches=3, **QUIET).validate(M(), verbose=False)
+    assert result == [{"v": expected}]
+
+
+def test_validate_returns_the_logged_epoch_values_of_each_loader():
+    """Lightning's results: the epoch values sent to the loggers (`name_epoch` with on_step, nothing logged with
+    logger=False), each in the dict of the loader it was logged for, with or without the loader suffix; a value logged
+    in the epoch-end hook in every dict."""
+
+    class M(BoringModel):
+        def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+            self.log("both", 1.0, on_step=True, on_epoch=True)
+            self.log(f"own_{dataloader_idx}", float(dataloader_idx), add_dataloader_idx=False)
+            self.log("hidden", 2.0, logger=False)
+
+        def on_validation_epoch_end(self) -> None:
+            self.log("at_end", 3.0)
+
+        def val_dataloader(self) -> Any:
+            return [super().val_dataloader(), super().val_dataloader()]
+
+    results = Trainer(limit_val_batches=2, **QUIET).validate(M(), verbose=False)
+    assert results == [{"both_epoch/dataloader_idx_0": 1.0, "own_0": 0.0, "at_end": 3.0},
+                       {"both_epoch/dataloader_idx_1": 1.0, "own_1": 1.0, "at_end": 3.0}]
+
+
+def test_a_callback_logs_through_the_running_module():
+    from callbacks import Callback
+
+    class Logs(Callback):
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            self.log("from_callback", 7.0)
+            self.log_dict({"also": 8.0})
+
+    trainer = Trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=0, callbacks=[Logs()], **QUIET)
+    trainer.fit(BoringModel())
+    assert {k: float(v) for k, v in trainer.callback_metrics.items()} == {"from_callback": 7.0, "also": 8.0}
+    with pytest.raises(RuntimeError, match="inside a hook"):
+        Logs().log("x", 1.0)

@@ -55,7 +55,7 @@ def _recording(name: str) -> Any:
     base = getattr(WithScheduler, name)
 
     def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
-        self.calls.setdefault(name, []).append(args)
+        self.calls.setdefault(name, []).append((*args, *kwargs.values()))
         return base(self, *args, **kwargs)
 
     return hook

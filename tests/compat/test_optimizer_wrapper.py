@@ -219,3 +219,16 @@ def test_the_wrapper_survives_pickling_and_deepcopy():
     for clone in (pickle.loads(pickle.dumps(wrapper)), copy.deepcopy(wrapper)):
         assert isinstance(clone, torch.optim.Adam) and type(clone).__name__ == type(wrapper).__name__
         assert clone.param_groups[0]["lr"] == wrapper.param_groups[0]["lr"] and clone.optimizer is not wrapper.optimizer
+
+
+def test_the_optimizer_gets_its_closure_by_keyword_as_in_lightning():
+    from unittest.mock import patch
+
+    from tests.helpers.boring import QUIET, BoringModel
+    from trainer import Trainer
+
+    real = torch.optim.SGD.step
+    with patch.object(torch.optim.SGD, "step", autospec=True, side_effect=real) as step:
+        Trainer(max_steps=1, limit_val_batches=0, **QUIET).fit(BoringModel())
+    (call,) = step.call_args_list
+    assert set(call.kwargs) == {"closure"} and len(call.args) == 1  # (self,), closure=...

@@ -139,3 +139,21 @@ class WithSignature:
 def test_the_fast_reading_agrees_with_getfullargspec(fn: Any):
     spec = inspect.getfullargspec(getattr(fn, "__wrapped__", fn))
     assert step_signature._positional(fn) == (spec.args, spec.varargs is not None)
+
+
+def test_a_wrong_dataloader_idx_is_a_runtime_error_as_in_lightning():
+    class Required(BoringModel):
+        def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int) -> None:
+            pass
+
+    with pytest.raises(RuntimeError, match="requires `dataloader_idx`"):
+        Trainer(**QUIET).validate(Required(), verbose=False)
+
+
+def test_a_step_asking_for_the_loader_iterator_is_refused_by_name():
+    class Iterating(BoringModel):
+        def training_step(self, dataloader_iter: Any) -> Any:
+            return super().training_step(next(dataloader_iter), 0)
+
+    with pytest.raises(MisconfigurationError, match=r"training_step\(dataloader_iter\)"):
+        Trainer(max_epochs=1, **QUIET).fit(Iterating())

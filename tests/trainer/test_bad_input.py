@@ -83,7 +83,6 @@ def test_module_without_configure_optimizers():
     ("returned", "match"),
     [
         ("adam", r"returned str: unsupported type"),
-        (None, r"returned NoneType: None is only allowed with manual optimization"),
         ({"optim": 1}, r"a dict must hold an Optimizer under 'optimizer'"),
         ([1, 2], r"a list must hold only Optimizers or only optimizer dicts"),
     ],

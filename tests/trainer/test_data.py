@@ -141,3 +141,36 @@ def test_iterate_marks_the_last_batch_with_and_without_a_length():
     assert [(i, last) for i, _, last in data.iterate(range(4), 4)] == [(0, False), (1, False), (2, False), (3, True)]
     assert [(i, last) for i, _, last in data.iterate(iter(range(3)), math.inf)] == [(0, False), (1, False), (2, True)]
     assert [i for i, _, _ in data.iterate(range(10), 2)] == [0, 1]
+
+
+def test_a_list_of_numbers_is_one_iterable_of_a_combined_loader():
+    from trainer.data.combined_loader import CombinedLoader
+
+    combined = CombinedLoader({"a": [0, 1, 2], "b": [3, 4]}, "min_size")
+    iter(combined)
+    assert [batch for batch, _, _ in combined] == [{"a": 0, "b": 3}, {"a": 1, "b": 4}]
+
+
+def test_set_epoch_reaches_each_sampler_once_also_in_evaluation():
+    from unittest.mock import Mock
+
+    from tests.helpers.boring import QUIET, BoringModel
+    from trainer import Trainer
+
+    def loader() -> DataLoader:
+        sampler = RandomSampler(RandomDataset(32, 8))
+        sampler.set_epoch = Mock()  # type: ignore[attr-defined]
+        return DataLoader(sampler.data_source, sampler=sampler, batch_size=4)
+
+    train, val = loader(), loader()
+    Trainer(max_epochs=2, limit_train_batches=1, limit_val_batches=1, **QUIET).fit(BoringModel(), train, val)
+    assert [c.args for c in train.sampler.set_epoch.mock_calls] == [(0,), (1,)]
+    assert [c.args for c in val.sampler.set_epoch.mock_calls] == [(0,), (0,), (1,)]  # the sanity check, 2 epochs
+
+
+def test_a_len_that_raises_not_implemented_means_no_length():
+    class NoLength(DataLoader):
+        def __len__(self) -> int:
+            raise NotImplementedError
+
+    assert lengths.loader_length(NoLength(RandomDataset(32, 8), batch_size=4)) == math.inf

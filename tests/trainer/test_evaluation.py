@@ -23,10 +23,10 @@ class Data(DataModule):
         self.calls.append("prepare_data")
 
     def setup(self, stage: str) -> None:
-        self.calls.append(f"setup:{stage}")
+        self.calls.append(f"setup:{stage.value}")  # a TrainerFn, as in Lightning
 
     def teardown(self, stage: str) -> None:
-        self.calls.append(f"teardown:{stage}")
+        self.calls.append(f"teardown:{stage.value}")
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(RandomDataset(32, self.length), batch_size=4)

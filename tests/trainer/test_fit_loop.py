@@ -254,3 +254,25 @@ def test_a_second_fit_after_should_stop_goes_on_from_the_counters():
     trainer.fit(model)
     assert (trainer.global_step, trainer.current_epoch, trainer.should_stop) == (21, 3, False)
     assert [epoch for epoch, _ in model.train_batches] == [0] * 5 + [1] * 8 + [2] * 8
+
+
+def test_an_int_val_check_interval_beyond_the_epoch_is_refused_when_the_fit_starts():
+    trainer = Trainer(max_epochs=1, val_check_interval=100, **QUIET)  # 8 batches per epoch
+    with pytest.raises(ValueError, match="never validate"):
+        trainer.fit(BoringModel())
+    Trainer(max_epochs=1, val_check_interval=100, limit_val_batches=0, **QUIET).fit(BoringModel())  # no validation
+    Trainer(max_steps=2, val_check_interval=100, check_val_every_n_epoch=None, **QUIET).fit(BoringModel())
+
+
+def test_a_fraction_of_an_epoch_without_check_val_every_n_epoch_is_refused():
+    from trainer.exceptions import ConfigError
+
+    with pytest.raises(ConfigError, match="fraction of an epoch"):
+        Trainer(val_check_interval=0.5, check_val_every_n_epoch=None)
+
+
+def test_fewer_batches_than_log_every_n_steps_is_warned_about(tmp_path: Any):
+    from trainer.loggers import CSVLogger
+
+    with pytest.warns(UserWarning, match="fewer than log_every_n_steps=50"):
+        Trainer(max_epochs=1, **{**QUIET, "logger": CSVLogger(save_dir=str(tmp_path))}).fit(BoringModel())

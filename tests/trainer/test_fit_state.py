@@ -28,10 +28,12 @@ class RecordsPublicState(Callback):
         self.batches: list[int] = []
 
     def on_sanity_check_start(self, trainer: Trainer, pl_module: Any) -> None:
-        self.seen["sanity"] = (trainer.sanity_checking, trainer.validating, trainer.num_sanity_val_batches)
+        self.seen["before sanity loaders"] = trainer.num_sanity_val_batches  # requested after this hook (Lightning)
 
     def on_validation_start(self, trainer: Trainer, pl_module: Any) -> None:
-        if not trainer.sanity_checking:
+        if trainer.sanity_checking:
+            self.seen["sanity"] = (trainer.sanity_checking, trainer.validating, trainer.num_sanity_val_batches)
+        else:
             self.seen["validation"] = (trainer.validating, trainer.num_val_batches)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
@@ -52,6 +54,6 @@ def test_callbacks_read_batch_counts_stage_and_progress_from_public_properties()
     trainer.fit(model)
     trainer.test(model)
     trainer.predict(model)
-    assert recorder.seen == {"sanity": (True, False, [2]), "validation": (True, [3]), "test": (True, [2]),
-                             "predict": (True, [4])}
+    assert recorder.seen == {"before sanity loaders": [], "sanity": (True, False, [2]), "validation": (True, [3]),
+                             "test": (True, [2]), "predict": (True, [4])}
     assert recorder.batches == list(range(10)) and trainer.total_batches == 10

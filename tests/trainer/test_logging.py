@@ -214,3 +214,74 @@ def test_hparams_are_sent_to_the_logger():
     logger = MemoryLogger()
     Trainer(max_epochs=1, limit_train_batches=1, **{**QUIET, "logger": logger}).fit(M(width=7))
     assert logger.hparams == {"width": 7, "name": "x"}
+
+
+class _StepLoggingModel(BoringModel):
+    """Logs at every validation and test batch with on_step=True (and once with on_epoch too)."""
+
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        self.log("val_both", float(batch_idx), on_step=True, on_epoch=True)
+        self.log("val_only_step", float(batch_idx), on_step=True, on_epoch=False)
+
+    def test_step(self, batch: Any, batch_idx: int) -> Any:
+        self.log("test_both", float(batch_idx), on_step=True)
+
+
+def test_on_step_values_of_validation_and_test_reach_the_loggers_at_every_batch():
+    """Lightning sends them at once, at the count of that loader's batches seen (across the fit's validations),
+    with no `epoch` key and no log_every_n_steps; the sanity check sends nothing."""
+    logger = MemoryLogger()
+    trainer = Trainer(max_epochs=2, limit_train_batches=2, limit_val_batches=2, limit_test_batches=3,
+                      log_every_n_steps=50, **{**QUIET, "logger": logger})
+    model = _StepLoggingModel()
+    trainer.fit(model)
+    val_rows = [(step, row) for step, row in logger.rows if "val_both_step" in row]
+    assert val_rows == [(i, {"val_both_step": float(i % 2), "val_only_step": float(i % 2)}) for i in range(4)]
+    trainer.test(model, verbose=False)
+    test_rows = [(step, row) for step, row in logger.rows if "test_both_step" in row]
+    assert test_rows == [(i, {"test_both_step": float(i)}) for i in range(3)]
+    assert logger.rows[-1] == (4, {"test_both_epoch": 1.0, "epoch": 2})  # the epoch key in test() too
+
+
+def test_step_and_epoch_keys_of_several_loaders_end_with_the_loader_suffix():
+    logger = MemoryLogger()
+    loaders = [DataLoader(RandomDataset(32, 8), batch_size=4), DataLoader(RandomDataset(32, 8), batch_size=4)]
+    Trainer(**{**QUIET, "logger": logger}).validate(_StepLoggingModel(), loaders, verbose=False)
+    keys = {key for _, row in logger.rows for key in row}
+    expected = {f"{name}/dataloader_idx_{idx}" for name in ("val_both_step", "val_only_step", "val_both_epoch")
+                for idx in (0, 1)}
+    assert keys == expected | {"epoch"}
+    assert [step for step, row in logger.rows if "val_both_step/dataloader_idx_1" in row] == [0, 1]
+
+
+def test_logged_metrics_hold_tensors_of_every_logged_value_without_a_logger():
+    """Lightning's `logged_metrics`: the latest step and epoch values as tensors, whether or not a logger is attached,
+    without the `epoch` key that the loggers get."""
+    trainer = Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=2, **QUIET)
+    trainer.fit(_StepLoggingModel())
+    logged = trainer.logged_metrics
+    assert set(logged) == {"val_both_step", "val_only_step", "val_both_epoch"}
+    assert all(isinstance(value, torch.Tensor) for value in logged.values())
+    assert float(logged["val_both_epoch"]) == 0.5
+
+
+def test_a_name_logged_in_two_hooks_keeps_both_values_and_the_epoch_end_one_shows_last():
+    """Lightning keeps one value per hook and name: a name logged in training_step (a step value) and again in
+    on_train_epoch_end (an epoch value) shows the step value during the epoch and the epoch value after it."""
+    seen = []
+
+    class M(BoringModel):
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            self.log("shared", 100.0, prog_bar=True, logger=False)
+            return super().training_step(batch, batch_idx)
+
+        def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+            seen.append(float(self.trainer.callback_metrics["shared"]))
+
+        def on_train_epoch_end(self) -> None:
+            self.log("shared", 111.0, prog_bar=True, logger=False)
+
+    trainer = Trainer(max_epochs=2, limit_train_batches=2, limit_val_batches=0, **QUIET)
+    trainer.fit(M())
+    assert seen == [100.0] * 4
+    assert trainer.progress_bar_metrics["shared"] == 111.0 and float(trainer.callback_metrics["shared"]) == 111.0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import pstats
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from callbacks import Callback
 from strategies.exceptions import ConfigError
 from tests.helpers.boring import QUIET, BoringModel
 from tests.helpers.dist import run_distributed
-from trainer import Trainer
+from trainer import Trainer, TrainModule
 from trainer.profilers import AdvancedProfiler, PassThroughProfiler, PyTorchProfiler, SimpleProfiler
 
 
@@ -93,3 +94,77 @@ def _fit_on_a_rank(rank: int, root: str) -> list[str]:
 def test_every_rank_writes_its_own_report(tmp_path: Path):
     run_distributed(_fit_on_a_rank, str(tmp_path))
     assert sorted(p.name for p in tmp_path.glob("fit-profile*.txt")) == ["fit-profile-0.txt", "fit-profile-1.txt"]
+
+
+def test_simple_reports_the_module_strategy_and_data_actions_under_lightnings_names():
+    profiler = SimpleProfiler()
+    Trainer(profiler=profiler, **{**QUIET, "max_epochs": 1, "limit_train_batches": 2, "limit_val_batches": 1}).fit(
+        BoringModel())
+    assert {"[Strategy]SingleDeviceStrategy.training_step", "[Strategy]SingleDeviceStrategy.backward",
+            "[Strategy]SingleDeviceStrategy.validation_step", "[LightningModule]BoringModel.optimizer_step",
+            "[LightningModule]BoringModel.configure_optimizers", "[LightningModule]BoringModel.train_dataloader",
+            "[LightningModule]BoringModel.on_train_batch_start", "[_TrainingEpochLoop].train_dataloader_next",
+            "[_EvaluationLoop].val_next"} <= set(profiler.recorded_durations)
+    assert len(profiler.recorded_durations["[Strategy]SingleDeviceStrategy.training_step"]) == 2
+
+
+def _profiled_actions(framework: Any, entry: str) -> set[str]:
+    """The actions a SimpleProfiler records in one run of `entry` under Lightning (`framework`: its package) or
+    ours (None)."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    base, trainer_cls, simple = ((framework.LightningModule, framework.Trainer, framework.profilers.SimpleProfiler)
+                                 if framework is not None else (TrainModule, Trainer, SimpleProfiler))
+
+    class Model(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            return self.layer(batch[0]).sum()
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("v", self.layer(batch[0]).sum())
+
+        test_step = validation_step
+
+        def predict_step(self, batch: Any, batch_idx: int) -> Any:
+            return self.layer(batch[0])
+
+        def configure_optimizers(self) -> Any:
+            opt = torch.optim.SGD(self.parameters(), lr=0.1)
+            return [opt], [torch.optim.lr_scheduler.StepLR(opt, step_size=1)]
+
+        def train_dataloader(self) -> Any:
+            return DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=2)
+
+        val_dataloader = test_dataloader = predict_dataloader = train_dataloader
+
+    profiler = simple()
+    runner = trainer_cls(max_epochs=1, profiler=profiler, **QUIET)
+    getattr(runner, entry)(Model(), **({"verbose": False} if entry in ("validate", "test") else {}))
+    return set(profiler.recorded_durations)
+
+
+@pytest.mark.parametrize("entry", ["fit", "validate", "test", "predict"])
+def test_simple_records_the_actions_lightning_records(entry: str):
+    """Every action of Lightning's report is in ours, but Lightning's strategy no-op hooks
+    (`[Strategy]...on_train_start` and the like: our strategies have no such hooks); ours adds the loops' phases
+    (`run_validation` and the like)."""
+    pl = pytest.importorskip("lightning.pytorch")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = {a for a in _profiled_actions(pl, entry) if not re.match(r"\[Strategy\]\w+\.on_", a)}
+        ours = _profiled_actions(None, entry)
+    assert theirs - ours == set()
+
+
+def test_the_report_comes_after_the_teardown_hooks_it_times(tmp_path: Path):
+    """As Lightning's: nothing is timed after the report (torch's profiler crashed the interpreter at exit when a
+    teardown hook was recorded after it had stopped)."""
+    _fit(tmp_path, "simple")
+    assert "[LightningModule]BoringModel.teardown" in (tmp_path / "fit-profile.txt").read_text()

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from strategies.checkpoint_io.catalog import checkpoint_problem, find_checkpoints
 from strategies.checkpoint_io.filesystem import AnyPath, join, parent, to_path
 from strategies.comm.distributed import rank_zero_info, rank_zero_warn
-from strategies.exceptions import MisconfigurationError
+from strategies.exceptions import ConfigError, MisconfigurationError
 from trainer.loggers.base import run_folder
 from trainer.state import TrainerFn
 
@@ -75,3 +75,13 @@ def _newest_intact(candidates: list[tuple[int, AnyPath]]) -> AnyPath:
             return path
         rank_zero_warn(f"ckpt_path='last': skipping the damaged checkpoint {path} ({problem}); trying an older one.")
     return candidates[0][1]
+
+
+def check_weights_only(weights_only: bool | None) -> None:
+    """Lightning 2.6's `weights_only` of fit/validate/test/predict: this Trainer always loads weights-only."""
+    if weights_only is False:
+        raise ConfigError(
+            "weights_only=False: checkpoints always load weights-only here (torch's safe loader never runs code from "
+            "the file). Register a trusted class with torch.serialization.add_safe_globals, and pass "
+            "weights_only=True or leave it out."
+        )

@@ -15,7 +15,7 @@ from trainer.checkpoint.resume import checkpoint_position, plan_resume
 from trainer.checkpoint.validation import check_contents, check_resumable
 from trainer.core.hparams import hparams_entries
 from trainer.core.hparams_storage import read_hparams_file, rebuild_arguments
-from trainer.hooks import call_hook
+from trainer.hooks import DATAMODULE, call_hook, profiled_method
 
 if TYPE_CHECKING:
     from strategies.base import Strategy
@@ -69,7 +69,8 @@ def dump_checkpoint(loop: FitState, weights_only: bool = False) -> dict[str, Any
         "world_size": s.world_size,
     }
     datamodule = trainer.datamodule
-    datamodule_state = datamodule.state_dict() if datamodule is not None else {}
+    datamodule_state = profiled_method(trainer.profiler, datamodule, "state_dict", DATAMODULE)() \
+        if datamodule is not None else {}
     if datamodule_state:
         checkpoint["datamodule"] = datamodule_state
     if getattr(datamodule, "hparams", None):  # Lightning's keys, as for the module's
@@ -173,17 +174,25 @@ def restore_training_state(loop: FitState, checkpoint: Mapping[str, Any], path: 
     per_rank = [{**loop, "rng": state} for loop, state in zip(loops, rng, strict=True)] if loops else [
         {"rng": state} for state in rng]
     loop.resume_point = plan_resume(loop, per_rank, path) if per_rank else None
-    if progress.epoch_finished:  # saved in on_train_epoch_end: finish that epoch's bookkeeping
-        loop.scheduler_stepper.step("epoch", progress.current_epoch + 1, loop.metrics.callback_metrics)
-        progress.current_epoch += 1
-        progress.epoch_finished, progress.epoch_batches, progress.epoch_opened = False, 0, False
+    if progress.epoch_finished:
+        _finish_saved_epoch(loop)
     max_epochs = loop.spec.max_epochs
     if max_epochs is not None and max_epochs != -1 and progress.current_epoch > max_epochs:
         raise ConfigError(f"You restored a checkpoint with current_epoch={progress.current_epoch}, but you have set "
                           f"Trainer(max_epochs={max_epochs}): the run is already past it. Raise max_epochs to train "
                           f"on from {path}.")
     if trainer.datamodule is not None and "datamodule" in checkpoint:
-        trainer.datamodule.load_state_dict(checkpoint["datamodule"])
+        profiled_method(trainer.profiler, trainer.datamodule, "load_state_dict", DATAMODULE)(checkpoint["datamodule"])
+
+
+def _finish_saved_epoch(loop: FitState) -> None:
+    """A checkpoint saved in on_train_epoch_end: finish that epoch's bookkeeping (the schedulers that monitor a
+    metric step after that hook; the others stepped before it; manual optimization steps its own)."""
+    progress = loop.progress
+    if loop.automatic:
+        loop.scheduler_stepper.step("epoch", progress.current_epoch + 1, loop.metrics.callback_metrics, plateau=True)
+    progress.current_epoch += 1
+    progress.epoch_finished, progress.epoch_batches, progress.epoch_opened = False, 0, False
 
 
 def _rebuild_arguments(cls: type, checkpoint: Mapping[str, Any], key: str, path: str | Path,

@@ -67,7 +67,9 @@ class DataModule(HyperparametersMixin, DataHooks):
             return lambda: loader(datasets, shuffle)
 
         accepted = inspect.signature(cls.__init__).parameters
-        extra = {k: v for k, v in (("batch_size", batch_size), ("num_workers", num_workers)) if k in accepted}
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())  # `**kwargs`: all go
+        extra = {k: v for k, v in (("batch_size", batch_size), ("num_workers", num_workers))
+                 if k in accepted or takes_any}
         datamodule = cls(**datamodule_kwargs, **extra)
         given = (("train_dataloader", train_dataset, True), ("val_dataloader", val_dataset, False),
                  ("test_dataloader", test_dataset, False), ("predict_dataloader", predict_dataset, False))
@@ -77,7 +79,8 @@ class DataModule(HyperparametersMixin, DataHooks):
         return datamodule
 
     def setup(self, stage: str) -> None:
-        """Build datasets; `stage` is 'fit', 'validate', 'test' or 'predict'."""
+        """Build datasets; `stage` (by keyword) is the run's `TrainerFn`, equal to 'fit', 'validate', 'test' or
+        'predict'."""
 
     def teardown(self, stage: str) -> None:
         """Release what setup built."""

@@ -9,13 +9,18 @@ import torch
 
 from strategies.exceptions import MisconfigurationError
 
-REDUCE_FX_NAMES: dict[Any, str] = {torch.mean: "mean", torch.sum: "sum", torch.max: "max", torch.min: "min"}
+REDUCE_FX_NAMES: dict[Any, str] = {torch.mean: "mean", torch.sum: "sum", torch.max: "max", torch.min: "min",
+                                   sum: "sum", max: "max", min: "min"}
 
 
 def reduce_fx_name(reduce_fx: Any) -> str:
-    """The name of a `reduce_fx`: a string as given, a torch function by its name (anything else shows its repr in
-    the error that names the accepted values)."""
-    return reduce_fx if isinstance(reduce_fx, str) else REDUCE_FX_NAMES.get(reduce_fx, repr(reduce_fx))
+    """The name of a `reduce_fx`, as Lightning reads it: a string in any case (`"avg"` is the mean), a torch function
+    or Python's `sum`, `max`, `min` by its name (anything else shows its repr in the error that names the accepted
+    values)."""
+    if isinstance(reduce_fx, str):
+        name = reduce_fx.lower()
+        return "mean" if name == "avg" else name
+    return REDUCE_FX_NAMES.get(reduce_fx, repr(reduce_fx))
 
 
 def check_log_options(name: str, enable_graph: bool, sync_dist: bool, sync_dist_group: Any,

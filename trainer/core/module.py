@@ -165,7 +165,8 @@ class TrainModule(HyperparametersMixin, OptimizationHooks, ModuleConveniences, M
         """Called on every rank at the start of fit, validate, test and predict.
 
         It runs after the datamodule's `setup` and before the module moves to its device.
-        `stage` is 'fit', 'validate', 'test' or 'predict'.
+        `stage` (passed by keyword, as Lightning does) is the `TrainerFn` of the run, a str enum equal to 'fit',
+        'validate', 'test' or 'predict'.
         """
 
     def teardown(self, stage: str) -> None:

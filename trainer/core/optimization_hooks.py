@@ -61,7 +61,8 @@ class OptimizationHooks:
                                     gradient_clip_algorithm: str | None = None) -> None:
         """Clip before each optimizer step; overridden, it is called at every step with the Trainer's
         `gradient_clip_val` and `gradient_clip_algorithm`. Call `self.clip_gradients(...)` with your own values."""
-        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val,
+                            gradient_clip_algorithm=gradient_clip_algorithm)
 
     def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
         """Step one scheduler at its interval: `scheduler.step()`, or `scheduler.step(metric)` for one that monitors a
@@ -117,7 +118,7 @@ class OptimizationHooks:
             raise MisconfigurationError(
                 f"gradient_clip_algorithm={gradient_clip_algorithm!r} is not one of {list(_ALGORITHMS)}."
             )
-        if flag_val is not None and flag_algorithm != "norm" and gradient_clip_algorithm != flag_algorithm:
+        if flag_val is not None and flag_algorithm not in (None, "norm") and gradient_clip_algorithm != flag_algorithm:
             raise MisconfigurationError(
                 f"Trainer(gradient_clip_algorithm={flag_algorithm!r}) and clip_gradients(gradient_clip_algorithm="
                 f"{gradient_clip_algorithm!r}) disagree; set only one of them."

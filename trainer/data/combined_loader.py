@@ -21,7 +21,12 @@ MODES = ("min_size", "max_size_cycle", "max_size", "sequential")
 
 
 def _is_leaf(value: Any) -> bool:
-    return not isinstance(value, (list, tuple, dict))
+    """An iterable of the collection: anything but a list, tuple or dict, and one of those that holds only numbers
+    and strings (a list of samples is one iterable, as in Lightning)."""
+    if not isinstance(value, (list, tuple, dict)):
+        return True
+    children = value.values() if isinstance(value, dict) else value
+    return all(isinstance(child, (int, float, str)) for child in children)
 
 
 class CombinedLoader(Iterable):
@@ -171,10 +176,10 @@ class CombinedLoader(Iterable):
 _DONE = object()
 
 
-class TrainingBatches(Iterable):
-    """What the fit loop iterates for a CombinedLoader: the combined batches only (Lightning passes a training step
-    the combined batch and no dataloader_idx), with the length the limits allow and `set_epoch` for every
-    iterable's sampler."""
+class CombinedBatches(Iterable):
+    """What a loop iterates for a CombinedLoader in a mode other than "sequential": the combined batches only
+    (Lightning passes the step the combined batch and no dataloader_idx), with the length the limits allow and
+    `set_epoch` for every iterable's sampler."""
 
     def __init__(self, combined: CombinedLoader) -> None:
         self.combined = combined

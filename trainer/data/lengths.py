@@ -15,8 +15,8 @@ def loader_length(loader: Iterable) -> int | float:
     """Number of batches, or inf when the loader has no length."""
     try:
         return len(loader) if isinstance(loader, Sized) else math.inf
-    except TypeError:  # a DataLoader over an IterableDataset without a length
-        return math.inf
+    except (TypeError, NotImplementedError):  # a DataLoader over an IterableDataset without a length, or a __len__
+        return math.inf                       # that says it has none (Lightning's rule)
 
 
 def limit_batches(stage: str, length: int | float, limit: int | float) -> int | float:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from strategies.exceptions import MisconfigurationError
 from trainer.data.combined_loader import CombinedLoader
 from trainer.data.lengths import loader_length
+from trainer.hooks import DATAMODULE, MODULE, timed
 
+T = TypeVar("T")
 _HOOKS = {"train": "train_dataloader", "val": "val_dataloader", "test": "test_dataloader",
           "predict": "predict_dataloader"}
 
@@ -25,40 +27,34 @@ def suggested_max_num_workers(local_world_size: int) -> int:
     return max(1, cpus // local_world_size - 1)
 
 
-def requested(stage: str, given: Any, datamodule: Any, module: Any) -> Any:
-    """What the user gives for `stage`: the argument, else the datamodule's hook, else the module's hook."""
+def requested(stage: str, given: Any, datamodule: Any, module: Any, profiler: Any = None) -> Any:
+    """What the user gives for `stage`: the argument, else the datamodule's hook, else the module's hook (timed as
+    Lightning names it when `profiler` is on)."""
     if given is not None:
         return given
     hook = _HOOKS[stage]
-    for owner in (datamodule, module):
+    for owner, tag in ((datamodule, DATAMODULE), (module, MODULE)):
         fn = getattr(owner, hook, None) if owner is not None else None
         if fn is not None and not getattr(fn, "_is_default_hook", False):
-            return fn()
+            return fn() if profiler is None else timed(profiler, f"{tag}{type(owner).__name__}.{hook}", fn)()
     return None
 
 
-def resolve_loaders(stage: str, given: Any, datamodule: Any, module: Any) -> list[Iterable]:
-    """The evaluation or prediction loaders for `stage`, in `dataloader_idx` order: one loader, a list or tuple,
-    the values of a dict, or the iterables of a `CombinedLoader(mode="sequential")`."""
-    source = requested(stage, given, datamodule, module)
+def resolve_loaders(stage: str, given: Any, datamodule: Any, module: Any, profiler: Any = None,
+                    ) -> CombinedLoader | None:
+    """The evaluation or prediction loaders for `stage` as one CombinedLoader: the user's own, or the loaders
+    (one, a list or tuple, or a dict) read one after another ("sequential", in `dataloader_idx` order). None when
+    the stage has no source."""
+    source = requested(stage, given, datamodule, module, profiler)
     if source is None:
-        return []
-    hook = _HOOKS[stage]
-    if isinstance(source, CombinedLoader):
-        if source.mode != "sequential":
-            raise MisconfigurationError(
-                f"{hook}: a CombinedLoader(mode={source.mode!r}) for {stage} is not supported here; evaluation and "
-                "prediction read several loaders one after another: use mode='sequential' (or pass a list)."
-            )
-        source = source.flattened
-    loaders = list(source.values()) if isinstance(source, dict) else \
-        list(source) if isinstance(source, (list, tuple)) else [source]
-    for loader in loaders:
+        return None
+    combined = source if isinstance(source, CombinedLoader) else CombinedLoader(source, "sequential")
+    for loader in combined.flattened:
         if not isinstance(loader, Iterable):
             raise MisconfigurationError(
-                f"{hook}() returned {type(loader).__name__}; return a DataLoader or an iterable."
+                f"{_HOOKS[stage]}() returned {type(loader).__name__}; return a DataLoader or an iterable."
             )
-    return loaders
+    return combined
 
 
 def set_epoch(loader: Iterable, epoch: int) -> None:
@@ -68,8 +64,9 @@ def set_epoch(loader: Iterable, epoch: int) -> None:
         for each in inner():
             set_epoch(each, epoch)
         return
-    for obj in (getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None),
-                getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+    samplers = {id(obj): obj for obj in (getattr(loader, "sampler", None),
+                                         getattr(getattr(loader, "batch_sampler", None), "sampler", None))}
+    for obj in samplers.values():  # each once: a loader's sampler is usually its batch sampler's too (Lightning's rule)
         fn = getattr(obj, "set_epoch", None)
         if callable(fn):
             fn(epoch)
@@ -120,3 +117,20 @@ def iterate(loader: Iterable, max_batches: int | float, start: int = 0) -> Itera
         yield idx, current, False
         current, idx = upcoming, idx + 1
     yield idx, current, True
+
+
+def timed_fetches(iterable: Iterable[T], profiler: Any, action: str) -> Iterable[T]:
+    """`iterable`, with the fetch of each batch timed as `action` when `profiler` is on (Lightning's
+    `[_TrainingEpochLoop].train_dataloader_next` & co.); `iterable` itself when it is off."""
+    if not profiler.enabled:
+        return iterable
+    return _TimedFetches(iter(iterable), profiler, action)
+
+
+class _TimedFetches(Iterator[T]):
+    def __init__(self, iterator: Iterator[T], profiler: Any, action: str) -> None:
+        self._iterator, self._profiler, self._action = iterator, profiler, action
+
+    def __next__(self) -> T:
+        with self._profiler.profile(self._action):
+            return next(self._iterator)

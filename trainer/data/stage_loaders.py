@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from strategies.exceptions import MisconfigurationError
 from trainer.data import loaders as data
 from trainer.data import overfit
-from trainer.data.combined_loader import MODES, CombinedLoader, TrainingBatches
+from trainer.data.combined_loader import MODES, CombinedBatches, CombinedLoader
 from trainer.data.lengths import limit_batches, loader_length
 from trainer.data.sampling import prepare_loader, record_indices
 from trainer.seed import seed_workers_of
@@ -22,9 +22,19 @@ if TYPE_CHECKING:
     from strategies.base import Strategy
 
 
+_HOOK_OF = {"train": "train_dataloader", "val": "val_dataloader", "test": "test_dataloader",
+             "predict": "predict_dataloader"}
+
+
 @dataclass
 class StageLoaders:
-    """The dataloaders of the current run and how many batches each may yield."""
+    """The dataloaders of the current run and how many batches each may yield.
+
+    A run first binds the sources (`bind`); each stage's loaders are requested when its loop first needs them, as
+    Lightning requests them: the fit's validation loaders in the sanity check (or right before `on_train_start`, or at
+    the first validation), the training loaders after the sanity check, the evaluation and prediction loaders when
+    their loop starts. Nothing requests a stage that will not run (a limit of 0, no step method).
+    """
 
     train: Any = None
     num_train: int | float = 0
@@ -36,45 +46,89 @@ class StageLoaders:
     predict_limits: list[int | float] = field(default_factory=list)
     given: dict[str, Any] = field(default_factory=dict)  # the loaders passed to the entry point (None: none)
     _last: tuple[Any, ...] = ()
+    loaded: set[str] = field(default_factory=set)  # the stages requested in this run
+    collections: dict[str, Any] = field(default_factory=dict)  # each stage's loaders in the shape they came in
+    counts: dict[str, list[int | float]] = field(default_factory=dict)  # batches per loader (CombinedLoader: each)
     requested_at: dict[str, float] = field(default_factory=dict)  # the epoch each fit stage's loaders were requested
-    stale: bool = False  # a resumed fit's loaders were requested before its epoch was restored
+    _resumed_at: dict[str, float] = field(default_factory=dict)  # request epochs a checkpoint carried over
+    seen: dict[str, list[int]] = field(default_factory=dict)  # evaluation batches run per loader since requested
+    profiler: Any = None  # times the loader hooks as Lightning names them
 
-    def resolve(self, spec: RunSpec, strategy: Strategy, module: Any, datamodule: Any, fn: TrainerFn,
-                given: dict[str, Any], only: str | None = None) -> None:
-        """Resolve the loaders `fn` needs (arguments > datamodule > module hooks), samplers injected, limits applied;
-        in fit, `only="train"` or `"val"` requests one of the two again."""
+    def bind(self, spec: RunSpec, strategy: Strategy, module: Any, datamodule: Any, fn: TrainerFn,
+             given: dict[str, Any]) -> None:
+        """A new run: where each stage's loaders come from (arguments > datamodule > module hooks); none is
+        requested yet, and the previous run's loaders are dropped."""
         self.given, self._last = dict(given), (spec, strategy, module, datamodule, fn, given)
+        self.train, self.num_train = None, 0
+        self.val, self.val_limits, self.test, self.test_limits = [], [], [], []
+        self.predict, self.predict_limits = [], []
+        self.loaded.clear()
+        self.collections.clear()
+        self.counts.clear()
+        self.requested_at.clear()
+        self._resumed_at.clear()
+        self.seen.clear()
+
+    def defined(self, stage: str) -> bool:
+        """Whether the run has a source for `stage`: a loader given to the entry point, or the hook of the
+        datamodule or the module overridden (Lightning's `is_defined`)."""
+        from trainer.core.datamodule import DataModule
+        from trainer.core.module import TrainModule
+        from trainer.hooks import is_overridden
+
+        if not self._last:
+            return False
+        module, datamodule, given = self._last[2], self._last[3], self._last[5]
+        hook = _HOOK_OF[stage]
+        return given.get(stage) is not None or is_overridden(datamodule, hook, DataModule) \
+            or is_overridden(module, hook, TrainModule)
+
+    def load(self, stage: str, epoch: float = 0) -> None:
+        """Request `stage`'s loaders now ("train", "val", "test" or "predict"): the hooks run, samplers are
+        injected, limits applied. `epoch` is the fit's current epoch, for `reload_dataloaders_every_n_epochs`."""
+        spec, strategy, module, datamodule, fn, given = self._last
         sampler_kwargs = strategy.distributed_sampler_kwargs if spec.use_distributed_sampler else None
-
-        def prepare(stage: str, training: bool) -> tuple[list[Any], list[int | float]]:
-            loaders = data.resolve_loaders(stage, given.get(stage), datamodule, module)
-            if spec.overfit_batches and fn == TrainerFn.FITTING:  # Lightning's rule: in fit only
-                loaders = overfit.in_order(loaders, stage)
-            even = strategy.evaluation_shards_even
-            loaders = [prepare_loader(dl, sampler_kwargs, training, even) for dl in loaders]
-            if stage == "predict":  # so writers and the gather across ranks know each batch's samples
-                loaders = [record_indices(dl) for dl in loaders]
-            for loader in loaders:
-                seed_workers_of(loader, strategy.global_rank)
-            limit = getattr(spec, f"limit_{stage}_batches")
-            return loaders, [limit_batches(stage, loader_length(dl), limit) for dl in loaders]
-
-        if fn == TrainerFn.FITTING:
-            if only != "val":
-                self._resolve_train(spec, strategy, sampler_kwargs, data.requested("train", given.get("train"),
-                                                                                    datamodule, module))
-            if only != "train":
-                self.val, self.val_limits = _fit_validation(module, prepare)
-        elif fn == TrainerFn.VALIDATING:
-            self.val, self.val_limits = prepare("val", False)
-            _require(self.val, "validate", "val_dataloader")
-        elif fn == TrainerFn.TESTING:
-            self.test, self.test_limits = prepare("test", False)
-            _require(self.test, "test", "test_dataloader")
+        self.seen.pop(stage, None)  # new loaders count their batches from 0
+        if stage == "train":
+            self._resolve_train(spec, strategy, sampler_kwargs, data.requested("train", given.get("train"),
+                                                                                datamodule, module, self.profiler))
         else:
-            self.predict, self.predict_limits = prepare("predict", False)
-            _require(self.predict, "predict", "predict_dataloader")
+            loaders, limits = self._prepare(stage, spec, strategy, sampler_kwargs)
+            setattr(self, stage, loaders)
+            setattr(self, f"{stage}_limits", limits)
+            if fn != TrainerFn.FITTING:
+                _require(loaders, fn.value, _HOOK_OF[stage])
+        self.loaded.add(stage)
+        if stage in ("train", "val"):
+            self.requested_at[stage] = self._resumed_at.pop(stage, epoch)
 
+    def _prepare(self, stage: str, spec: RunSpec, strategy: Strategy,
+                 sampler_kwargs: dict[str, Any] | None) -> tuple[list[Any], list[int | float]]:
+        """The loaders an evaluation or prediction stage iterates and each one's batch limit. Loaders read one after
+        another are iterated one by one (with `dataloader_idx`); a CombinedLoader in another mode is one stream of
+        combined batches. `counts[stage]` gets each loader's own batch count (Lightning's `num_val_batches`)."""
+        _, _, module, datamodule, fn, given = self._last
+        combined = data.resolve_loaders(stage, given.get(stage), datamodule, module, self.profiler)
+        loaders = combined.flattened if combined is not None else []
+        if spec.overfit_batches and fn == TrainerFn.FITTING:  # Lightning's rule: in fit only
+            loaders = overfit.in_order(loaders, stage)
+        even = strategy.evaluation_shards_even
+        loaders = [prepare_loader(dl, sampler_kwargs, False, even) for dl in loaders]
+        if stage == "predict":  # so writers and the gather across ranks know each batch's samples
+            loaders = [record_indices(dl) for dl in loaders]
+        for loader in loaders:
+            seed_workers_of(loader, strategy.global_rank)
+        limit = getattr(spec, f"limit_{stage}_batches")
+        limits = [limit_batches(stage, loader_length(dl), limit) for dl in loaders]
+        self.counts[stage] = limits
+        if combined is None:
+            self.collections[stage] = None
+            return [], []
+        combined.flattened, combined.limits = loaders, limits
+        self.collections[stage] = combined.iterables
+        if combined.mode == "sequential" or not loaders:
+            return loaders, limits
+        return [CombinedBatches(combined)], [len(combined)]
 
     def _resolve_train(self, spec: RunSpec, strategy: Strategy, sampler_kwargs: dict[str, Any] | None,
                        source: Any) -> None:
@@ -106,51 +160,38 @@ class StageLoaders:
         limits = [limit_batches("train", loader_length(dl), spec.limit_train_batches) for dl in prepared]
         if combined is None:
             self.train, self.num_train = prepared[0], limits[0]
+            self.collections["train"] = prepared[0]
             return
         combined.flattened, combined.limits = prepared, limits
-        self.train = TrainingBatches(combined)
+        self.train = CombinedBatches(combined)
         self.num_train = loader_length(self.train)
-
-    def sanity_checked(self) -> None:
-        """Lightning does not count the sanity check's request of the validation loaders: with
-        `reload_dataloaders_every_n_epochs`, the fit's first validation requests them again."""
-        self.requested_at["val"] = -math.inf
-
-    def resumed(self, requested_at: dict[str, float]) -> None:
-        """A resumed fit goes on with the saved request epochs; with reloads on, its first epoch requests the
-        loaders again, since the ones it has were requested before the checkpoint's epoch was restored."""
-        self.requested_at.update(requested_at)
-        self.stale = bool(requested_at) and bool(self._last and self._last[0].reload_dataloaders_every_n_epochs)
+        self.collections["train"] = combined.iterables
 
     def reload_due(self, stage: str, epoch: int) -> bool:
-        """Lightning's `reload_dataloaders_every_n_epochs=N`: request the fit's `stage` ("train" or "val") loaders
-        again once N epochs have passed since they were last requested (at the fit's start, the first time)."""
+        """Lightning's schedule for the fit's "train" and "val" loaders: requested the first time they are needed,
+        then again once `reload_dataloaders_every_n_epochs` epochs have passed since the last request."""
+        if stage not in self.loaded:
+            return True
         every = self._last[0].reload_dataloaders_every_n_epochs if self._last else 0
-        for each in ("train", "val"):  # both were requested at the fit's start, where the first check happens
-            self.requested_at.setdefault(each, epoch)
-        last = self.requested_at[stage]
-        stale, self.stale = self.stale and stage == "train", self.stale and stage != "train"
-        if not stale and (not every or epoch - last < every):
-            return False
-        spec, strategy, module, datamodule, fn, given = self._last
-        self.resolve(spec, strategy, module, datamodule, fn, given, only=stage)
-        self.requested_at[stage] = epoch
-        return True
+        return bool(every) and epoch - self.requested_at.get(stage, -math.inf) >= every
+
+    def resumed(self, requested_at: dict[str, float]) -> None:
+        """A resumed fit keeps the saved request epochs, so that its reloads fall where the uninterrupted run's
+        do (the loaders it requests first, at the resumed epoch, count as requested then)."""
+        self._resumed_at = {stage: epoch for stage, epoch in requested_at.items() if stage in ("train", "val")}
+
+    def batches_seen(self, stage: str, count: int) -> list[int]:
+        """How many batches of each `stage` ("val", "test") loader evaluations ran since the loaders were requested,
+        counted in place by the evaluation loop: Lightning's step for evaluation step values."""
+        seen = self.seen.setdefault(stage, [])
+        seen.extend([0] * (count - len(seen)))
+        return seen
 
     def reload(self) -> None:
-        """Resolve the current run's loaders again from the same sources (the hooks read the module's attributes
-        anew: a batch size the BatchSizeFinder set takes effect, as after Lightning's search)."""
-        if self._last:
-            self.resolve(*self._last)
-
-
-def _fit_validation(module: Any, prepare: Any) -> tuple[list[Any], list[int | float]]:
-    """The loaders a fit validates on: none without a `validation_step`, or when every limit is 0."""
-    from trainer.core.module import TrainModule
-    from trainer.hooks import is_overridden
-
-    loaders, limits = prepare("val", False) if is_overridden(module, "validation_step", TrainModule) else ([], [])
-    return (loaders, limits) if any(limits) else ([], [])
+        """Request the loaders this run requested so far again from the same sources (the hooks read the module's
+        attributes anew: a batch size the BatchSizeFinder set takes effect, as after Lightning's search)."""
+        for stage in list(self.loaded):
+            self.load(stage, self.requested_at.get(stage, 0))
 
 
 def _require(loaders: list[Any], fn: str, hook: str) -> None:

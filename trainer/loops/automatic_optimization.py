@@ -25,7 +25,7 @@ from strategies.comm.distributed import rank_zero_warn
 from strategies.exceptions import MisconfigurationError
 from strategies.model.wrapped_optimizer import StrategyOptimizer, wrap_optimizer
 from trainer.checkpoint.loop_position import Phase
-from trainer.hooks import call_hook, is_overridden
+from trainer.hooks import MODULE, call_hook, is_overridden, module_hook, timed
 
 if TYPE_CHECKING:
     from trainer.loops.fit_state import FitState
@@ -100,7 +100,7 @@ class TrainingClosure:
         results = loop.results
         previous, results.current_fx = results.current_fx, "backward"
         try:
-            loop.strategy.backward(loss / accumulate if accumulate > 1 else loss)
+            loop.backward(loss / accumulate if accumulate > 1 else loss)
         finally:
             results.current_fx = previous
         if control.in_flight is not None:  # a NaN loss or differing metric names on any rank: every rank raises here
@@ -146,8 +146,8 @@ def step_window(loop: FitState, batch_idx: int, closure: TrainingClosure | Resto
         return
     progress = loop.progress
     stepper = loop.scheduler_stepper
-    if loop.step_taken and stepper.configs and stepper.has_step_schedulers:  # no scheduler: no call
-        stepper.step("step", progress.global_step + 1, loop.metrics.callback_metrics)
+    if loop.step_taken and stepper.configs and stepper.has_step_schedulers:  # counted in batches of the epoch
+        stepper.step("step", batch_idx + 1, loop.metrics.callback_metrics, plateau=False)
     loop.position.phase = Phase.STEPPED
     progress.global_step += 1
     loop.window_has_loss = False
@@ -171,9 +171,9 @@ def after_closure(loop: FitState, optimizer: Optimizer) -> None:
         strategy.unscale_gradients(optimizer)
     if "on_before_optimizer_step" not in loop.hooks.silent:
         call_hook(loop, "on_before_optimizer_step", optimizer)
-    if loop.custom_clipping:
-        _call_module(loop, "configure_gradient_clipping", optimizer, spec.gradient_clip_val,
-                     spec.gradient_clip_algorithm)
+    if loop.custom_clipping:  # Lightning passes the flags by keyword, the algorithm None when not given
+        _call_module(loop, "configure_gradient_clipping", optimizer, gradient_clip_val=spec.gradient_clip_val,
+                     gradient_clip_algorithm=loop.trainer.gradient_clip_algorithm)
     elif spec.gradient_clip_val:  # None or 0: no clipping
         loop.clip_gradients(optimizer)
 
@@ -218,12 +218,18 @@ def wrap_optimizers(loop: FitState, built: list[Optimizer]) -> list[StrategyOpti
                            type(user)) for optimizer, user in zip(loop.optimizers, built, strict=True)]
 
 
-def _call_module(loop: FitState, name: str, *args: Any) -> Any:
+def _call_module(loop: FitState, name: str, *args: Any, **kwargs: Any) -> Any:
     """Call the module's own `name` (its default or the user's override), with `self.log` attributed to it. The module
     is the run's TrainModule (`loop.module`), the one every other module hook is called on (trainer/hooks.py)."""
+    module = loop.module
+    fn = module_hook(module, name)
+    if fn is None:  # switched off with `module.<hook> = None`
+        return None
+    if loop.trainer.profiler.enabled:
+        fn = timed(loop.trainer.profiler, f"{MODULE}{type(module).__name__}.{name}", fn)
     results = loop.results
     previous, results.current_fx = results.current_fx, name
     try:
-        return getattr(loop.module, name)(*args)
+        return fn(*args, **kwargs)
     finally:
         results.current_fx = previous

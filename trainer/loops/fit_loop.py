@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-from strategies.comm.distributed import rank_zero_info
+from strategies.comm.distributed import rank_zero_info, rank_zero_warn
 from trainer.checkpoint import resume
 from trainer.checkpoint.loop_position import Phase
 from trainer.data import loaders as data
 from trainer.data.sampling import resumable_sampler
-from trainer.hooks import call_hook
+from trainer.hooks import MONITORING, call_hook
 from trainer.loops.automatic_optimization import TrainingClosure, step_window
 from trainer.loops.evaluation_loop import run_evaluation
 from trainer.loops.model_mode import zero_grad_before_validation
@@ -70,7 +70,7 @@ def run_train_epoch(loop: FitState) -> None:
     """One training epoch, with validation wherever it is due."""
     progress, schedule, position = loop.progress, loop.schedule, loop.position
     resume.before_epoch(loop)  # RNG of an epoch-boundary resume first: the loaders may be requested again next
-    loop.reload_if_due("train")
+    loop.request_train()
     loader, num_batches = loop.loaders.train, schedule.num_training_batches
     iterator, start = _start_epoch(loop, loader)
     runs_out, sampler, stopped = data.runs_out(loader, num_batches), resumable_sampler(loader), False
@@ -82,8 +82,8 @@ def run_train_epoch(loop: FitState) -> None:
             break
         if is_last and runs_out:
             data.run_out(iterator)  # as a plain `for` loop over the loader does
-        if schedule.has_validation and schedule.val_due(batch_idx, is_last):
-            _validate_during_fit(loop)
+        if schedule.has_validation or loop.scheduler_stepper.configs:  # nothing to do after the batch: no call
+            _after_batch(loop, batch_idx, is_last)
         if schedule.stop_in_epoch():
             stopped = not is_last
             break
@@ -99,6 +99,17 @@ def run_train_epoch(loop: FitState) -> None:
     _train_epoch_end(loop, complete=not stopped)
 
 
+def _after_batch(loop: FitState, batch_idx: int, is_last: bool) -> None:
+    """A validation when due (or before a requested stop), then the step schedulers that monitor a metric."""
+    schedule = loop.schedule
+    if schedule.val_due(batch_idx, is_last):
+        _validate_during_fit(loop)
+    elif schedule.stop_validation_due():
+        _validate_before_stop(loop)
+    if loop.automatic and schedule.window_ends(batch_idx, is_last):  # they may monitor a validation metric
+        loop.scheduler_stepper.step("step", batch_idx + 1, loop.metrics.callback_metrics, plateau=True)
+
+
 def _start_epoch(loop: FitState, loader: Any) -> tuple[Any, int]:
     """Epoch set-up up to the first batch: sampler epoch, hooks, the iterator (positioned on resume), count check,
     and a validation still due after the batch a mid-epoch checkpoint was taken at."""
@@ -106,7 +117,6 @@ def _start_epoch(loop: FitState, loader: Any) -> tuple[Any, int]:
     num_batches = schedule.num_training_batches
     data.set_epoch(loader, progress.current_epoch)
     loop.trainer.state.stage = RunningStage.TRAINING
-    loop.strategy.module.train()
     call_hook(loop, "on_train_epoch_start")
     loop.strategy.sync_trainable_parameters()  # a callback may have unfrozen layers (callbacks/finetuning.py)
     iterator, start = resume.open_epoch(loop, loader)
@@ -114,6 +124,9 @@ def _start_epoch(loop: FitState, loader: Any) -> tuple[Any, int]:
     loop.control.check_batch_counts(num_batches)
     if start and not progress.val_started and schedule.val_due(start - 1, start == num_batches):
         _validate_during_fit(loop)  # the save came before the validation due after that batch
+    profiler = loop.trainer.profiler
+    if profiler.enabled:  # each fetch timed under Lightning's action name
+        iterator = iter(data.timed_fetches(iterator, profiler, "[_TrainingEpochLoop].train_dataloader_next"))
     return iterator, start
 
 
@@ -127,16 +140,20 @@ def _train_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> b
     """One batch with its hooks, logging and an agreed stop; False when on_train_batch_start returned -1."""
     progress, results, metrics, position = loop.progress, loop.train_results, loop.metrics, loop.position
     position.phase = Phase.BATCH_STARTED
-    progress.val_started = False
+    progress.val_started, loop.is_last_batch = False, is_last
     metrics.train_batch_starts()
     batch = loop.to_device(batch, 0)
     results.set_batch(batch)
-    silent = loop.hooks.silent  # hooks nobody overrides: skipped without a call (trainer/hooks.py)
+    silent, stepper = loop.hooks.silent, loop.scheduler_stepper  # silent: hooks nobody overrides (trainer/hooks.py)
     if "on_train_batch_start" not in silent and call_hook(loop, "on_train_batch_start", batch, batch_idx) == -1:
+        if loop.automatic and stepper.configs:  # the epoch ends here: its schedulers step as after its last batch
+            stepper.step("epoch", progress.current_epoch + 1, metrics.callback_metrics, plateau=False)
         return False
     if loop.automatic:
         stepped = loop.schedule.window_ends(batch_idx, is_last)
         outputs = train_one_batch(loop, batch, batch_idx, is_last, stepped)
+        if is_last and stepper.configs:  # the epoch's schedulers step after its last batch, before its end hooks
+            stepper.step("epoch", progress.current_epoch + 1, metrics.callback_metrics, plateau=False)
     else:
         stepped, outputs = True, train_one_batch_manual(loop, batch, batch_idx, is_last)
     progress.epoch_batches += 1
@@ -156,9 +173,8 @@ def _stop_on_agreed_signal(loop: FitState) -> None:
 
 
 def _validate_during_fit(loop: FitState) -> None:
-    loop.reload_if_due("val")
     loop.progress.val_started = True
-    zero_grad_before_validation(loop.strategy.module, loop.window_has_loss)
+    zero_grad_before_validation(loop.strategy.module, loop.window_has_loss, loop.trainer.profiler)
     loop.position.validation_started(capture_rng_state())
     with loop.control.outside_steps():  # no step bound on collectives during validation
         run_evaluation(loop, RunningStage.VALIDATING)
@@ -167,30 +183,62 @@ def _validate_during_fit(loop: FitState) -> None:
     loop.trainer.state.stage = RunningStage.TRAINING
 
 
+def _validate_before_stop(loop: FitState) -> None:
+    """The validation Lightning runs after the batch that requested a stop, outside the validation schedule. It
+    leaves the RNG as it found it, so a checkpoint taken after the stop resumes exactly as the run that never
+    stopped (which has no validation there)."""
+    rng = capture_rng_state()
+    zero_grad_before_validation(loop.strategy.module, loop.window_has_loss, loop.trainer.profiler)
+    loop.position.validation_started(rng)
+    with loop.control.outside_steps():
+        run_evaluation(loop, RunningStage.VALIDATING)
+    loop.position.validation_finished()
+    loop.trainer.state.stage = RunningStage.TRAINING
+    restore_rng_state(rng)
+
+
 def _train_epoch_end(loop: FitState, complete: bool) -> None:
-    """Epoch metrics (readable in on_train_epoch_end), the hook, late metrics, epoch schedulers.
+    """Epoch metrics (readable in on_train_epoch_end), the hook, late metrics, the epoch schedulers that monitor a
+    metric (the others stepped after the epoch's last batch).
 
     Epoch-interval schedulers step only after a complete epoch (as in Lightning): not when the fit
-    stops inside it, so that a resume continuing that epoch steps them once, at its real end.
+    stops inside it, so that a resume continuing that epoch steps them once, at its real end. Manual optimization
+    steps its schedulers itself (as in Lightning).
     """
     results, p, metrics = loop.train_results, loop.progress, loop.metrics
     loop.control.epoch_ends()  # epoch-end hooks and the next epoch's data loaders: no step bound
+    metrics.settle_step_values()
     metrics.epoch_end(results.epoch_end("training epoch end"), metrics.train_epoch_step, p.current_epoch)
-    call_hook(loop, "on_train_epoch_end")
+    call_hook(loop, "on_train_epoch_end")  # the callbacks, then the module
     metrics.epoch_end(results.epoch_end("on_train_epoch_end"), metrics.train_epoch_step, p.current_epoch)
+    call_hook(loop, "on_train_epoch_end" + MONITORING)  # then ModelCheckpoint & co., seeing what the module logged
     results.reset_metric_objects()  # after the epoch-end hooks, so compute() in them gives the epoch value
-    if complete:
-        loop.scheduler_stepper.step("epoch", p.current_epoch + 1, metrics.callback_metrics)
+    if complete and loop.automatic:
+        loop.scheduler_stepper.step("epoch", p.current_epoch + 1, metrics.callback_metrics, plateau=True)
     p.current_epoch += 1
     p.epoch_finished, p.epoch_batches, p.epoch_opened = False, 0, False
 
 
 def run_fit(loop: FitState) -> None:
-    """Sanity check, then epochs until a limit (max_epochs, max_steps, max_time, should_stop) is hit.
+    """Sanity check, the training loaders, then epochs until a limit (max_epochs, max_steps, max_time, should_stop)
+    is hit; Lightning's order of loader requests and hooks.
 
-    A Trainer that already reached its limit trains nothing (as in Lightning) and says so. The
-    sanity check leaves every RNG as it found it, so it does not shift the run's random draws.
+    A Trainer that already reached its limit trains nothing (as in Lightning) and says so. The sanity check leaves
+    every RNG as it found it, so neither it nor the validation loaders it requests shift the run's random draws.
     """
+    loop.schedule.has_validation = loop.validation_enabled
+    if loop.schedule.has_validation and loop.spec.num_sanity_val_steps != 0:
+        rng = capture_rng_state()
+        loop.position.validation_started(rng)  # a checkpoint taken in it records the RNG from before it
+        run_evaluation(loop, RunningStage.SANITY_CHECKING)
+        restore_rng_state(rng)
+        loop.position.validation_finished()
+    if not loop.request_train():
+        return
+    loop.schedule.set_batches(loop.loaders.num_train, loop.schedule.has_validation)
+    if loop.schedule.num_training_batches == 0:
+        rank_zero_info("`Trainer.fit` stopped: the training loader has no batches.")
+        return
     reached = loop.schedule.limit_reached()
     if reached is not None:
         rank_zero_info(
@@ -198,14 +246,9 @@ def run_fit(loop: FitState) -> None:
             "create a Trainer with a higher limit and call fit(model, ckpt_path=<a checkpoint of this run>)."
         )
         return
-    val_limits = loop.loaders.val_limits
-    if val_limits and loop.schedule.sanity_steps(max(val_limits)):
-        rng = capture_rng_state()
-        loop.position.validation_started(rng)  # a checkpoint taken in it records the RNG from before it
-        run_evaluation(loop, RunningStage.SANITY_CHECKING)
-        restore_rng_state(rng)
-        loop.position.validation_finished()
-        loop.loaders.sanity_checked()
+    if loop.schedule.validates_this_epoch() and "val" not in loop.loaders.loaded:
+        loop.request_eval(RunningStage.VALIDATING)  # as Lightning does, for the progress bar's totals
+    _warn_if_in_eval_mode(loop.strategy.module)
     call_hook(loop, "on_train_start")
     while not loop.schedule.fit_done():
         with loop.trainer.profiler.action("run_training_epoch"):
@@ -215,3 +258,12 @@ def run_fit(loop: FitState) -> None:
         preemption.stop_and_exit(loop.trainer, late_signal)
     call_hook(loop, "on_train_end")
 
+
+def _warn_if_in_eval_mode(module: Any) -> None:
+    """The loop leaves every submodule's mode as it is (Lightning's rule): say so when some start in eval mode."""
+    in_eval = [name for name, sub in module.named_modules() if not sub.training]
+    if in_eval:
+        rank_zero_warn(f"{len(in_eval)} module(s) of {type(module).__name__} are in eval mode as training starts "
+                       f"({', '.join(repr(n) if n else 'the module itself' for n in in_eval[:3])}"
+                       f"{', ...' if len(in_eval) > 3 else ''}); the Trainer trains them that way. Call .train() on "
+                       "them first if that is not what you want.")

@@ -21,19 +21,19 @@ class ModuleMode:
     def __init__(self) -> None:
         self._modes: dict[str, bool] = {}
 
-    def enter(self, module: nn.Module, stage: str) -> None:
+    def enter(self, module: nn.Module, stage: str, profiler: Any = None) -> None:
         """Record the modes, then call `on_<stage>_model_eval` (stage: validation, test or predict)."""
         self._modes = {name: sub.training for name, sub in module.named_modules()}
-        getattr(module, f"on_{_HOOK_STAGE[stage]}_model_eval")()
+        _call(module, f"on_{_HOOK_STAGE[stage]}_model_eval", profiler)
 
-    def leave(self, module: nn.Module, stage: str) -> None:
+    def leave(self, module: nn.Module, stage: str, profiler: Any = None) -> None:
         """Call an overridden `on_<stage>_model_train`, or restore the recorded modes."""
         from trainer.core.module import TrainModule
         from trainer.hooks import is_overridden
 
         hook = f"on_{_HOOK_STAGE[stage]}_model_train"
         if stage != "predict" and is_overridden(module, hook, TrainModule):
-            getattr(module, hook)()
+            _call(module, hook, profiler)
             return
         for name, sub in module.named_modules():
             mode = self._modes.get(name)
@@ -41,7 +41,18 @@ class ModuleMode:
                 sub.training = mode
 
 
-def zero_grad_before_validation(module: Any, window_open: bool) -> None:
+def zero_grad_before_validation(module: Any, window_open: bool, profiler: Any = None) -> None:
     """`on_validation_model_zero_grad` before a validation inside fit, unless an accumulation window is open."""
     if not window_open:
-        module.on_validation_model_zero_grad()
+        _call(module, "on_validation_model_zero_grad", profiler)
+
+
+def _call(module: Any, name: str, profiler: Any) -> None:
+    """The module's hook `name` unless it was switched off (`= None`), timed as Lightning names it when profiling."""
+    from trainer.hooks import MODULE, module_hook, timed
+
+    hook = module_hook(module, name)
+    if hook is not None and profiler is not None:
+        hook = timed(profiler, f"{MODULE}{type(module).__name__}.{name}", hook)
+    if hook is not None:
+        hook()

@@ -63,13 +63,26 @@ class FitSchedule:
         else:
             self._val_every = interval
 
+    @property
+    def val_check_batch(self) -> int | float | None:
+        """Training batches between two validations (`inf`: only at the epoch's end); None for a time interval."""
+        return None if isinstance(self.spec.val_check_interval, timedelta) else self._val_every
+
+    def validates_this_epoch(self) -> bool:
+        """Whether the current epoch validates at all (`check_val_every_n_epoch`)."""
+        every_n = self.spec.check_val_every_n_epoch
+        return self.has_validation and (every_n is None or (self.progress.current_epoch + 1) % every_n == 0)
+
+    def stop_validation_due(self) -> bool:
+        """A stop the fit may take was requested (`should_stop`, e.g. from EarlyStopping): Lightning validates after
+        that batch too, so the run ends validated."""
+        return self.should_stop and self.validates_this_epoch() and self._stop_allowed()
+
     def val_due(self, batch_idx: int, is_last: bool) -> bool:
-        """Validation runs after this training batch?"""
-        if not self.has_validation:
+        """Validation runs after this training batch, by the validation schedule?"""
+        if not self.validates_this_epoch():
             return False
         every_n = self.spec.check_val_every_n_epoch
-        if every_n is not None and (self.progress.current_epoch + 1) % every_n:
-            return False
         if isinstance(self.spec.val_check_interval, timedelta):
             return self._val_time_due(is_last)
         if isinstance(self.spec.val_check_interval, int) and every_n is None:
@@ -117,9 +130,12 @@ class FitSchedule:
     def _time_up(self) -> bool:
         return self.time_up_agreed if self.clock_agreed else self.time_up_here()
 
+    def _stop_allowed(self) -> bool:
+        return self.progress.current_epoch >= self.spec.min_epochs and self.progress.global_step >= self.spec.min_steps
+
     def _can_stop_early(self) -> bool:
         """Lightning's rule: a requested stop waits for min_epochs and min_steps (max_epochs/max_steps do not)."""
-        if self.progress.current_epoch >= self.spec.min_epochs and self.progress.global_step >= self.spec.min_steps:
+        if self._stop_allowed():
             return True
         if not self._min_epochs_notice:
             rank_zero_info(

@@ -73,6 +73,8 @@ class _Entry:
     metric: Any = None
     pending: bool = False  # logged since the last epoch_end
     alias_step: bool = False  # callback_metrics[name] shows the step value until the epoch value exists
+    suffix: str = ""  # "/dataloader_idx_N" when `name` ends with it: the forked keys put it last, as Lightning's
+    dataloader_idx: int | None = None  # the loader it was logged for (several evaluation loaders), also unsuffixed
 
     def update_epoch(self, value: Tensor, batch_size: int) -> None:
         if self.reduce_fx == "mean":
@@ -101,10 +103,15 @@ class _Entry:
         return reduce(self.total, self.reduce_fx) if self.sync_dist else self.total
 
     def step_key(self) -> str:
-        return f"{self.name}_step" if self.on_epoch else self.name
+        return self._forked("_step") if self.on_epoch else self.name
 
     def epoch_key(self) -> str:
-        return f"{self.name}_epoch" if self.on_step else self.name
+        return self._forked("_epoch") if self.on_step else self.name
+
+    def _forked(self, tail: str) -> str:
+        """`loss_step/dataloader_idx_1` for `loss` logged in the second of several loaders (Lightning's key)."""
+        base = self.name[: len(self.name) - len(self.suffix)]
+        return f"{base}{tail}{self.suffix}"
 
 
 class ResultCollection:
@@ -122,6 +129,8 @@ class ResultCollection:
         self.entries: dict[str, _Entry] = {}
         self.current_fx: str | None = None
         self.key_suffix = ""
+        self.dataloader_idx: int | None = None  # the evaluation loader running, with several
+        self.output_loaders: dict[str, int | None] = {}  # epoch output key -> the loader it belongs to (None: all)
         self._loader_of: dict[str, str] = {}  # name logged with add_dataloader_idx=False → its loader
         self._batch: Any = None
         self._batch_size: int | None = None
@@ -148,13 +157,18 @@ class ResultCollection:
         step, epoch = self._cadence(name, on_step, on_epoch)
         if reduce_fx not in _REDUCE_FX:
             raise MisconfigurationError(f"self.log({name!r}, reduce_fx={reduce_fx!r}): use one of {_REDUCE_FX}.")
-        key = name + self.key_suffix if add_dataloader_idx else self._unsuffixed(name)
+        name_key = name + self.key_suffix if add_dataloader_idx else self._unsuffixed(name)
+        # one entry per hook and name, as Lightning keeps them: a name logged in training_step and again in
+        # on_train_epoch_end gives a step value and an epoch value, the later one shown where both have a key
+        key = f"{self.current_fx}.{name_key}"
         with self._lock:
             entry = self.entries.get(key)
             if key not in self._before_batch:  # a checkpoint taken inside this batch rolls back to it
                 self._before_batch[key] = None if entry is None else dict(vars(entry))
             if entry is None:
-                entry = self.entries[key] = _Entry(key, step, epoch, prog_bar, logger, sync_dist, reduce_fx)
+                suffix = self.key_suffix if add_dataloader_idx else ""
+                entry = self.entries[key] = _Entry(name_key, step, epoch, prog_bar, logger, sync_dist, reduce_fx,
+                                                   suffix=suffix, dataloader_idx=self.dataloader_idx)
             entry.pending = True
             entry.alias_step = step
             if _is_metric(value):
@@ -247,6 +261,12 @@ class ResultCollection:
                     out[entry.name] = entry.step_value
         return out
 
+    def clear_step_values(self) -> None:
+        """Forget the step values (at a training epoch's end, as Lightning resets its results): the next epoch's show
+        from its first step on, and until then the values recorded elsewhere (metrics/routing.py) stand."""
+        for entry in self.entries.values():
+            entry.step_value = None
+
     def pending_sync_keys(self) -> list[str]:
         """Names of the sync_dist step values logged in this training_step, not reduced yet."""
         return [entry.name for entry in self._pending_sync]
@@ -277,6 +297,7 @@ class ResultCollection:
             if value is None:
                 continue
             key = entry.epoch_key()
+            self.output_loaders[key] = self.output_loaders[entry.name] = entry.dataloader_idx
             out["callback"][key] = value
             out["callback"][entry.name] = value
             if entry.logger:
@@ -287,7 +308,7 @@ class ResultCollection:
         return out
 
     _SAVED_FIELDS = ("name", "on_step", "on_epoch", "prog_bar", "logger", "sync_dist", "reduce_fx", "step_value",
-                     "total", "weight", "pending", "alias_step")
+                     "total", "weight", "pending", "alias_step", "suffix", "dataloader_idx")
 
     def state_dict(self, before_batch: bool = False) -> dict[str, dict[str, Any]]:
         """The epoch accumulators, so a mid-epoch resume ends the epoch with the same values; with
@@ -295,14 +316,14 @@ class ResultCollection:
 
         torchmetrics objects keep their own state (on the module); only their bookkeeping is saved.
         """
-        fields = {key: vars(entry) for key, entry in self.entries.items()}
+        fields: dict[str, dict[str, Any]] = {key: vars(entry) for key, entry in self.entries.items()}
         if before_batch:
             for key, old in self._before_batch.items():
                 if old is None:
                     fields.pop(key, None)
                 else:
                     fields[key] = old
-        return {key: {f: values[f] for f in self._SAVED_FIELDS} for key, values in fields.items()}
+        return {key: {f: values[f] for f in self._SAVED_FIELDS if f in values} for key, values in fields.items()}
 
     def load_state_dict(self, state: dict[str, dict[str, Any]]) -> None:
         self.entries = {key: _Entry(**fields) for key, fields in state.items()}

@@ -22,7 +22,7 @@ class MetricsRouter:
         self._progress = progress
         self.loggers: Sequence[Any] = ()
         self._callback: dict[str, Tensor] = {}
-        self._logged: dict[str, Any] = {}
+        self._logged: dict[str, Any] = {}  # tensors, and the floats a callback computed (send_computed)
         self._progress_bar: dict[str, Tensor] = {}
         self._live: ResultCollection | None = None  # the train results whose step values are current
         self._stepped_now = False  # the last training batch closed an accumulation window
@@ -44,6 +44,7 @@ class MetricsRouter:
         assert self._live is not None
         self._callback.update(self._live.step_metrics("callback"))
         self._progress_bar.update(self._live.step_metrics("prog_bar"))
+        self._logged.update(self._live.step_metrics("logger"))
 
     # --- what users read --------------------------------------------------------------------------
     @property
@@ -61,7 +62,11 @@ class MetricsRouter:
 
     @property
     def logged_metrics(self) -> dict[str, Any]:
-        return dict(self._logged)
+        """Every value logged with `logger=True` (its latest step and epoch values), as tensors, whether or not a
+        logger is attached or the `log_every_n_steps` cadence sent it, as Lightning keeps them."""
+        if self._live is None:
+            return dict(self._logged)
+        return {**self._logged, **self._live.step_metrics("logger")}
 
     def log_hyperparams(self, module: Any, datamodule: Any) -> None:
         """At fit start, as Lightning: every logger gets the module's and datamodule's `hparams_initial`
@@ -80,6 +85,17 @@ class MetricsRouter:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._callback.update(state.get("callback", {}))
         self._logged.update(state.get("logged", {}))
+
+    def to_cpu(self) -> None:
+        """At the end of a run, as Lightning: the metrics users read after it live on the CPU (no device memory held,
+        nothing to synchronise when they are read)."""
+        if self._live is not None:
+            self._persist_live()
+            self._live = None
+        for values in (self._callback, self._logged, self._progress_bar):
+            for key, value in values.items():
+                if isinstance(value, Tensor) and value.device.type != "cpu":
+                    values[key] = value.cpu()
 
     def adopt(self, callback: dict[str, Tensor], logged: dict[str, Any]) -> None:
         """Take over the metrics a rank in another process produced (ddp_spawn)."""
@@ -120,7 +136,7 @@ class MetricsRouter:
         """Send values a callback computed to the loggers and into `logged_metrics` (Lightning's
         `trainer._logger_connector.log_metrics`, which ThroughputMonitor logs through); nothing without a logger."""
         if self.loggers and values:
-            self._send(values, step)
+            self._send(values, step, None)
 
     # --- updates from the loops -------------------------------------------------------------------
     def step_end(self, results: ResultCollection, stepped: bool, epoch: int, stopping: bool = False) -> None:
@@ -136,7 +152,18 @@ class MetricsRouter:
             return  # no logger: nothing goes out at any step (one check, no call)
         values = results.step_metrics("logger")
         if values:
-            self._send({**to_python(values), "epoch": epoch}, count - 1)
+            self._send(values, count - 1, epoch)
+
+    def eval_step_end(self, results: ResultCollection, step: int) -> None:
+        """After each validation/test batch (not the sanity check's): its step values (`self.log(..., on_step=True)`
+        in validation_step, test_step and their batch hooks) go to the loggers at once, at `step`, the batches of
+        that loader seen so far, as Lightning's `val_loss_step` rows do (no `log_every_n_steps`, no `epoch` key)."""
+        self._progress_bar.update(results.step_metrics("prog_bar"))
+        values = results.step_metrics("logger")
+        if values:
+            self._logged.update(values)
+            for logger in self.loggers:
+                logger.log_metrics(to_python(values), step=step)
 
     def train_batch_starts(self) -> None:
         """A training batch begins: the batch before it is done (see `logging_step`)."""
@@ -155,22 +182,33 @@ class MetricsRouter:
         """Lightning's step for training epoch-end values: the step of the epoch's last step values."""
         return self._progress.stepped_batches - 1
 
-    def epoch_end(self, computed: dict[str, dict[str, Tensor]], step: int, epoch: int | None) -> dict[str, float]:
+    def settle_step_values(self) -> None:
+        """At a training epoch's end: its last step values are recorded as they stand, and the results forget them,
+        so the epoch values computed next take their place where both have a key (Lightning's order)."""
+        if self._live is not None:
+            self._persist_live()
+            self._live.clear_step_values()
+
+    def epoch_end(self, computed: dict[str, dict[str, Tensor]], step: int, epoch: int | None) -> None:
         """Record epoch values (from ResultCollection.epoch_end) and send them to the loggers."""
         if self._live is not None:  # the bar lists names in the order they were first logged, as Lightning's does
             for key, value in self._live.step_metrics("prog_bar").items():
                 self._progress_bar.setdefault(key, value)
         self._callback.update(computed["callback"])
         self._progress_bar.update(computed["prog_bar"])
-        values = to_python(computed["logger"])
+        values = computed["logger"]
         if values:
-            if epoch is not None:
-                values["epoch"] = epoch
-            self._send(values, step)
-        return values
+            self._send(values, step, epoch)
 
-    def _send(self, values: dict[str, float], step: int) -> None:
+    def _send(self, values: dict[str, Any], step: int, epoch: int | None) -> None:
+        """Record `values` in `logged_metrics` (without `epoch`, as Lightning's) and send them as numbers to the
+        loggers, with the `epoch` key when given."""
         self._logged.update(values)
+        if not self.loggers:
+            return
+        scalars = to_python(values)
+        if epoch is not None:
+            scalars["epoch"] = epoch
         for logger in self.loggers:
-            logger.log_metrics(values, step=step)
+            logger.log_metrics(scalars, step=step)
             logger.save()  # as Lightning: a CSV row reaches metrics.csv when it is logged, not 100 steps later

@@ -66,6 +66,8 @@ def batch_limit(name: str, value: Any) -> int | float:
             raise ConfigError(f"{name}={value} is not valid: an int must be >= 0 (a number of batches).")
         return value
     if isinstance(value, float):
+        if value > 1.0 and value.is_integer():  # Lightning's rule: 2.0 or 1e50 mean a number of batches
+            return int(value)
         if not 0.0 <= value <= 1.0:
             raise ConfigError(
                 f"{name}={value} is not valid: a float must be in [0.0, 1.0] (a fraction of the batches); "
@@ -73,6 +75,26 @@ def batch_limit(name: str, value: Any) -> int | float:
             )
         return value
     raise ConfigError(f"{name}={value!r} is not valid: use a float in [0.0, 1.0] or an int >= 0.")
+
+
+def plugins(name: str, value: Any) -> Any:
+    """Lightning's `plugins=`: one plugin or a list. A precision object (strategies.Precision) is taken; the other
+    kinds of Lightning plugin have no object here, and each is refused naming what takes its place."""
+    from strategies.precision import Precision
+
+    given = [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
+    precisions = [p for p in given if isinstance(p, Precision)]
+    others = [p for p in given if not isinstance(p, Precision)]
+    if others:
+        raise ConfigError(
+            f"{name}={others!r}: only a precision plugin (a strategies.Precision such as MixedPrecision) is taken "
+            "here. The cluster environment is read from the environment (torchrun, SLURM, MASTER_ADDR ...), "
+            "checkpoints are written by the strategy (atomic, loaded weights-only), and sync_batchnorm=True converts "
+            "BatchNorm layers; remove the plugin."
+        )
+    if len(precisions) > 1:
+        raise ConfigError(f"{name}= holds {len(precisions)} precision plugins; pass one.")
+    return precisions[0] if precisions else None
 
 
 def check_interval(name: str, value: Any) -> int | float | timedelta:
@@ -130,3 +152,10 @@ def parse_max_time(value: Any) -> timedelta | None:
 def max_time(name: str, value: Any) -> timedelta | None:
     """The flag table's check for `max_time` (a check takes the flag's name; parse_max_time does not need it)."""
     return parse_max_time(value)
+
+
+def model_registry(name: str, value: Any) -> None:
+    """Lightning 2.6's `model_registry` (Lightning AI's model registry, through `litmodels`): not here."""
+    if value is not None:
+        raise ConfigError(f"{name}={value!r}: there is no model registry here; checkpoints go where ModelCheckpoint "
+                          "(dirpath, fsspec URLs included) puts them. Remove the flag.")

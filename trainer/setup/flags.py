@@ -71,6 +71,9 @@ class RunSpec:
     sync_batchnorm: bool
     barebones: bool
     reload_dataloaders_every_n_epochs: int  # 0: the fit's loaders are requested once
+    plugins: Any  # the precision plugin given, or None
+    enable_autolog_hparams: bool  # the module's and datamodule's hparams go to the loggers at fit start
+    model_registry: None  # refused unless None
 
 
 def _resolve_strategy(strategy: Any, devices: list[torch.device], num_nodes: int, precision: str) -> Strategy:
@@ -139,7 +142,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("num_sanity_val_steps", None, check.int_at_least(-1, " (-1 runs all validation batches)"), 2),
     Flag("accumulate_grad_batches", 1, check.int_at_least(1)),
     Flag("gradient_clip_val", None, check.clip_value),
-    Flag("gradient_clip_algorithm", "norm", check.one_of("norm", "value")),
+    Flag("gradient_clip_algorithm", None, check.one_of("norm", "value"), "norm"),
     Flag("log_every_n_steps", None, check.int_at_least(0, " (0: no step values reach the loggers)"), 50),
     Flag("enable_checkpointing", None, check.boolean, True),
     Flag("enable_progress_bar", None, check.boolean, True),
@@ -157,6 +160,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("sync_batchnorm", False, check.boolean),
     Flag("barebones", False, check.boolean),
     Flag("reload_dataloaders_every_n_epochs", 0, check.int_at_least(0)),
+    Flag("plugins", None, check.plugins),
+    Flag("enable_autolog_hparams", True, check.boolean),
+    Flag("model_registry", None, check.model_registry),
 )
 # Lightning's signature takes None for these and means the default by it (a YAML `null` included)
 NONE_MEANS_DEFAULT = frozenset({
@@ -196,11 +202,38 @@ def parse_flags(hardware: Hardware | None = None, **given: Any) -> RunSpec:
         values.update(max_epochs=1, max_steps=dev_run, num_sanity_val_steps=0, limit_train_batches=dev_run,
                       limit_val_batches=dev_run, limit_test_batches=dev_run, limit_predict_batches=dev_run,
                       val_check_interval=1.0, check_val_every_n_epoch=1, enable_checkpointing=False)
+    _check_validation_cadence(values)
     if overfit := values["overfit_batches"]:  # Lightning's rule: it sets both limits, over fast_dev_run's too
         values.update(limit_train_batches=overfit, limit_val_batches=overfit)
-    values["strategy"] = _resolve_strategy(values["strategy"], devices, values["num_nodes"], values["precision"])
+    values["strategy"] = _resolve_strategy(values["strategy"], devices, values["num_nodes"],
+                                           _precision_with_plugin(values, given.get("precision")))
+    if values["plugins"] is not None:
+        values["strategy"].precision = values["plugins"]
     _check_strategy_precision(values["strategy"], values["precision"])
     return RunSpec(device_type=device_type, devices=tuple(devices), **values)
+
+
+def _check_validation_cadence(values: dict[str, Any]) -> None:
+    """Lightning's rule: without `check_val_every_n_epoch` validation is counted across epochs, in batches or by the
+    clock, so a fraction of an epoch (a float, 1.0 included) means nothing there."""
+    interval = values["val_check_interval"]
+    if values["check_val_every_n_epoch"] is None and isinstance(interval, float):
+        raise ConfigError(
+            f"val_check_interval={interval!r} is a fraction of an epoch, which check_val_every_n_epoch=None does not "
+            "have: give an int (validate every N training batches, counted across epochs) or a time "
+            "('DD:HH:MM:SS', a timedelta or a dict), or set check_val_every_n_epoch."
+        )
+
+
+def _precision_with_plugin(values: dict[str, Any], precision_given: Any) -> str:
+    """The run's precision name: a precision object given in `plugins=` is the precision (as in Lightning)."""
+    plugin = values["plugins"]
+    if plugin is not None:
+        if precision_given not in (None, "32-true", 32, "32", plugin.name):  # the default stands for "not given"
+            raise ConfigError(f"precision={precision_given!r} conflicts with the {plugin.name!r} precision plugin "
+                              "in plugins=; pass only one of them.")
+        values["precision"] = plugin.name
+    return str(values["precision"])
 
 
 def _given(given: dict[str, Any], flag: Flag) -> Any:

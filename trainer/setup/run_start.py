@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from strategies.comm.distributed import rank_zero_info
 from strategies.exceptions import MisconfigurationError
-from trainer.hooks import is_overridden
+from trainer.hooks import DATAMODULE, MODULE, is_overridden, profiled_method
 from trainer.ranks.step_returns import training_step_may_skip
 from trainer.setup.defaults import check_state_keys, order_callbacks
-from trainer.setup.step_signature import check_dataloader_idx, steps_without_batch_idx
+from trainer.setup.step_signature import steps_without_batch_idx
 from trainer.setup.uncalled_hooks import refuse_uncalled_hooks
 from trainer.state import TrainerFn
 
@@ -48,7 +48,10 @@ def merge_model_callbacks(given: list[Any], returned: Any) -> list[Any]:
 
 def before_environment(trainer: Trainer, module: Any) -> None:
     """Before any process group exists: the module's callbacks join, then the uncalled-hook check."""
-    trainer.callbacks = merge_model_callbacks(trainer.callbacks, module.configure_callbacks())
+    configure = profiled_method(trainer.profiler, module, "configure_callbacks", MODULE)
+    trainer.callbacks = merge_model_callbacks(trainer.callbacks, configure())
+    for callback in trainer.callbacks:  # `self.log` in a callback's hooks logs through this module (Lightning's)
+        callback.logging_module = module
     trainer.fit_state.hooks.reset()
     refuse_uncalled_hooks(module, trainer.datamodule, trainer.callbacks)
 
@@ -61,15 +64,15 @@ def prepare_data(trainer: Trainer, module: Any) -> None:
 
     local_zero = trainer.local_rank == 0
     global_zero = local_zero and trainer.node_rank == 0
-    for obj, base in ((trainer.datamodule, DataModule), (module, TrainModule)):
+    for obj, base, tag in ((trainer.datamodule, DataModule, DATAMODULE), (module, TrainModule, MODULE)):
         if obj is None or not is_overridden(obj, "prepare_data", base):
             continue
         if local_zero if obj.prepare_data_per_node else global_zero:
-            obj.prepare_data()
+            profiled_method(trainer.profiler, obj, "prepare_data", tag)()
         trainer.strategy.barrier("prepare_data")
 
 
-def configure_model(strategy: Any, module: Any) -> None:
+def configure_model(strategy: Any, module: Any, profiler: Any) -> None:
     """`configure_model()` after `setup`, before the strategy sets the module up (when the user defined it), inside
     the strategy's `tensor_init_context()`: layers it creates are built on the device in the precision's dtype, or
     on the meta device under a sharding strategy (materialised shard by shard when the strategy wraps the module)."""
@@ -77,10 +80,9 @@ def configure_model(strategy: Any, module: Any) -> None:
 
     if is_overridden(module, "configure_model", TrainModule):
         with strategy.tensor_init_context():
-            module.configure_model()
+            profiled_method(profiler, module, "configure_model", MODULE)()
 
 
-_EVAL_HOOKS = {TrainerFn.VALIDATING: "validation", TrainerFn.TESTING: "test", TrainerFn.PREDICTING: "predict"}
 
 
 def sync_batchnorm(trainer: Trainer, module: Any) -> None:
@@ -93,15 +95,10 @@ def sync_batchnorm(trainer: Trainer, module: Any) -> None:
 
 
 def read_signatures(loop: FitState, module: Any, fn: TrainerFn) -> None:
-    """Once per run, after the loaders are known: which steps take `batch_idx`, whether training_step can return
-    None (the agreement's shape, trainer/ranks/agreement.py), whether the evaluation steps and batch hooks take
-    `dataloader_idx` when there are several loaders, and the batch-transfer hooks."""
+    """Once per run: which steps take `batch_idx`, whether training_step can return None (the agreement's shape,
+    trainer/ranks/agreement.py), and the batch-transfer hooks. Whether the evaluation steps take `dataloader_idx` is
+    checked when their loaders are known (trainer/loops/evaluation_loop.py)."""
     loop.no_batch_idx = steps_without_batch_idx(module)
     # One process agrees with nobody: the source of training_step (0.4 ms to read) is needed with several only.
     loop.control.step_may_skip = training_step_may_skip(module) if loop.strategy.world_size > 1 else True
-    loop.transfer.resolve(module, loop.trainer.datamodule)
-    stage = _EVAL_HOOKS.get(fn, "validation")
-    loaders = {"validation": loop.loaders.val, "test": loop.loaders.test, "predict": loop.loaders.predict}[stage]
-    if loaders:
-        check_dataloader_idx(module, f"{stage}_step",
-                             (f"on_{stage}_batch_start", f"on_{stage}_batch_end"), len(loaders) > 1)
+    loop.transfer.resolve(module, loop.trainer.datamodule, loop.trainer.profiler)

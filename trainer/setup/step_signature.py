@@ -43,9 +43,22 @@ def takes_batch_idx(fn: Callable[..., Any]) -> bool:
     return "batch_idx" in args or varargs or len(args) >= 2
 
 
+class StepSignatureError(MisconfigurationError, RuntimeError):
+    """A step method or batch hook whose parameters the loop cannot call it with (a RuntimeError too, the type
+    Lightning raises for the same signatures)."""
+
+
 def steps_without_batch_idx(module: Any) -> frozenset[str]:
-    """The step methods of `module` that are called without `batch_idx`."""
-    return frozenset(name for name in STEP_NAMES if not takes_batch_idx(getattr(module, name)))
+    """The step methods of `module` that are called without `batch_idx`; a step that asks for Lightning's
+    `dataloader_iter` (the step fetching its own batches) is refused, as this Trainer always hands it the batch."""
+    steps = {name: fn for name in STEP_NAMES if callable(fn := getattr(module, name, None))}
+    for name, fn in steps.items():
+        if "dataloader_iter" in _positional(fn)[0]:
+            raise StepSignatureError(
+                f"{type(module).__name__}.{name}(dataloader_iter) asks for the loader's iterator: this Trainer calls "
+                f"the step with each batch and its index; write it as {name}(self, batch, batch_idx)."
+            )
+    return frozenset(name for name, fn in steps.items() if not takes_batch_idx(fn))
 
 
 def check_dataloader_idx(module: Any, step: str, hooks: tuple[str, ...], many: bool) -> None:
@@ -54,17 +67,19 @@ def check_dataloader_idx(module: Any, step: str, hooks: tuple[str, ...], many: b
     With one loader they do not get it, so a `dataloader_idx` without a default is an error too.
     """
     for name in (step, *hooks):
-        fn = getattr(module, name)
+        fn = getattr(module, name, None)
+        if not callable(fn):  # switched off with `module.<hook> = None`
+            continue
         spec = _parameters(fn)
         params = inspect.signature(fn).parameters
         present = "dataloader_idx" in spec.args or spec.varargs is not None
         if many and not present:
-            raise MisconfigurationError(
+            raise StepSignatureError(
                 f"there are several {step.split('_')[0]} dataloaders, but {type(module).__name__}.{name}() has no "
                 "`dataloader_idx` parameter; add `dataloader_idx=0` to its signature."
             )
         if not many and "dataloader_idx" in params and params["dataloader_idx"].default is inspect.Parameter.empty:
-            raise MisconfigurationError(
+            raise StepSignatureError(
                 f"there is one {step.split('_')[0]} dataloader, but {type(module).__name__}.{name}() requires "
                 "`dataloader_idx`; give it a default (`dataloader_idx=0`) or remove it."
             )

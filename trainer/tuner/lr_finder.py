@@ -99,6 +99,10 @@ class LRSweep(Callback):
         self.beta = beta
         self._average = 0.0
         self._best = 0.0
+        # windows swept so far: Lightning's global step, which also counts a window whose training_step returned
+        # None (this Trainer's does not), so that such windows advance the sweep and the trial ends after
+        # num_training of them
+        self._windows = 0
 
     def on_fit_start(self, trainer: Trainer, pl_module: TrainModule) -> None:
         if len(trainer.optimizers) != 1:
@@ -114,7 +118,7 @@ class LRSweep(Callback):
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: TrainModule, batch: Any, batch_idx: int) -> None:
         r = self.result
-        lr = sweep_lr(trainer.global_step, r.lr_min, r.lr_max, r.num_training, r.mode)
+        lr = sweep_lr(self._windows, r.lr_min, r.lr_max, r.num_training, r.mode)
         for group in trainer.optimizers[0].param_groups:
             group["lr"] = lr
         if self._window_ends(trainer, batch_idx):
@@ -124,11 +128,13 @@ class LRSweep(Callback):
                            batch_idx: int) -> None:
         if not self._window_ends(trainer, batch_idx):
             return
+        self._windows = step = self._windows + 1
+        if step >= self.result.num_training:
+            trainer.should_stop = True
         loss = outputs if isinstance(outputs, torch.Tensor) else (outputs or {}).get("loss")
         if loss is None:
             self.result.results["loss"].append(math.nan)
             return
-        step = trainer.global_step
         self._average = self.beta * self._average + (1 - self.beta) * float(loss)
         smoothed = self._average / (1 - self.beta ** (step + 1))
         if self.early_stop_threshold is not None and step > 1 and smoothed > self.early_stop_threshold * self._best:

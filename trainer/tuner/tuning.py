@@ -37,6 +37,10 @@ _QUIET = {"enable_checkpointing": False, "enable_progress_bar": False, "enable_m
 _EVAL_LIMITS = {"validate": "limit_val_batches", "test": "limit_test_batches", "predict": "limit_predict_batches"}
 
 
+class MissingLearningRate(ConfigError, AttributeError):
+    """The module has no learning rate attribute for `lr_find` to set (an AttributeError too, Lightning's type)."""
+
+
 def _check_batch_size_arguments(method: str, mode: str, margin: float, train_dataloaders: Any,
                                 val_dataloaders: Any, dataloaders: Any) -> None:
     if method not in ("fit", "validate", "test", "predict"):
@@ -60,9 +64,10 @@ def _lr_attribute(model: Any, attr_name: str) -> str:
         if hasattr(model, name) or name in hparams:
             return name
     if attr_name:
-        raise ConfigError(f"lr_find(attr_name={attr_name!r}): the module has no attribute or hparam of that name.")
-    raise ConfigError("lr_find(update_attr=True) needs the module (or its hparams) to have `lr` or `learning_rate`; "
-                      "name yours with lr_find(attr_name=...) or pass update_attr=False.")
+        raise MissingLearningRate(f"lr_find(attr_name={attr_name!r}): the module has no attribute or hparam of that "
+                                  "name.")
+    raise MissingLearningRate("lr_find(update_attr=True) needs the module (or its hparams) to have `lr` or "
+                              "`learning_rate`; name yours with lr_find(attr_name=...) or pass update_attr=False.")
 
 
 def _set_lr(model: Any, name: str, lr: float) -> None:
@@ -181,7 +186,7 @@ class Tuner:
         from trainer.trainer import Trainer
 
         trainer = self._trainer
-        weights = copy.deepcopy(model.state_dict())
+        weights, rng = copy.deepcopy(model.state_dict()), capture_rng_state()
         flags = {**trainer.init_flags, **_QUIET, "max_steps": result.num_training, "limit_val_batches": 0,
                  "num_sanity_val_steps": 0}
         with tempfile.TemporaryDirectory(prefix="lr_find-") as scratch:
@@ -189,8 +194,9 @@ class Tuner:
             trial = Trainer(**flags, logger=False, callbacks=[LRSweep(result, early_stop_threshold)])
             try:
                 trial.fit(model, train_dataloaders, val_dataloaders, datamodule=datamodule)
-            finally:
+            finally:  # the module and the random generators as before: lr_find changes only the learning rate
                 model.load_state_dict(weights)
+                restore_rng_state(rng)
 
     def _save_plot(self, result: LRFinderResult) -> Path | None:
         trainer = self._trainer
