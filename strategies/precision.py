@@ -8,7 +8,6 @@ fp16 on CPU, is in docs/precision.md.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, NamedTuple
@@ -18,6 +17,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from strategies.exceptions import ConfigError
+from strategies.model.step_contexts import DefaultDtype, ReusedAutocast
 
 _DTYPES = {"16": torch.float16, "bf16": torch.bfloat16}
 
@@ -93,10 +93,7 @@ class Precision:
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any) -> bool:
         """Step the optimizer (it calls `closure`, LBFGS several times); return False when the step was skipped
         (so schedulers do not step)."""
-        if closure is not None:
-            optimizer.step(closure=closure, **kwargs)  # by keyword, as Lightning passes it
-        else:
-            optimizer.step(**kwargs)
+        optimizer.step(**kwargs) if closure is None else optimizer.step(closure=closure, **kwargs)  # as Lightning
         return True
 
     def state_dict(self) -> dict[str, Any]:
@@ -144,7 +141,7 @@ class MixedPrecision(Precision):
         self._scaler = scaler
         self._unscaled: set[int] = set()  # ids of optimizers unscaled since their last step
         self._last_scale: float | None = None  # scale after the last update; saves a device sync per step
-        self._autocast = _ReusedAutocast(device_type, self.param_dtype)
+        self._autocast = ReusedAutocast(device_type, self.param_dtype)
 
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
@@ -201,7 +198,7 @@ class MixedPrecision(Precision):
         """
         scaler = self._scaler
         if scaler is None:  # bf16: the base class's step, without a second call per step
-            optimizer.step(closure, **kwargs) if closure is not None else optimizer.step(**kwargs)
+            optimizer.step(**kwargs) if closure is None else optimizer.step(closure=closure, **kwargs)
             return True
         try:
             # GradScaler.step refuses closures: evaluate it once, then step on its (scaled) gradients.
@@ -233,82 +230,6 @@ def _has_gradients(optimizer: Optimizer) -> bool:
     return any(p.grad is not None for group in optimizer.param_groups for p in group["params"])
 
 
-class _ReusedAutocast(AbstractContextManager):
-    """`torch.autocast(device_type, dtype)` around a step, built once per thread and nesting depth.
-
-    Building a `torch.autocast` checks the device's support for the dtype (on CUDA it reads the device's
-    properties): about 20 us per step on a host-bound GPU model, where a raw loop builds its autocast once.
-    An autocast object keeps what it restores on exit, so one in use is never entered again: DataParallel's
-    threads and a step that runs inside another step each take their own.
-    """
-
-    def __init__(self, device_type: str, dtype: torch.dtype) -> None:
-        self.device_type, self.dtype = device_type, dtype
-        self._local = _AutocastStacks()
-
-    def __getstate__(self) -> dict[str, Any]:  # ddp_spawn pickles the strategy: the thread-local stays behind
-        return {"device_type": self.device_type, "dtype": self.dtype}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["device_type"], state["dtype"])  # type: ignore[misc]
-
-    def __enter__(self) -> None:
-        local = self._local
-        context = local.free.pop() if local.free else torch.autocast(self.device_type, dtype=self.dtype)
-        local.entered.append(context)
-        context.__enter__()
-
-    def __exit__(self, *exc_info: Any) -> None:
-        local = self._local
-        context = local.entered.pop()
-        try:
-            context.__exit__(*exc_info)
-        finally:
-            local.free.append(context)
-
-
-class _AutocastStacks(threading.local):
-    """Per thread: the autocast objects free for reuse and those entered now (a thread's first access runs
-    `__init__`, so the per-step code needs no check that they exist)."""
-
-    def __init__(self) -> None:
-        self.free: list[torch.autocast] = []
-        self.entered: list[torch.autocast] = []
-
-
-class _DefaultDtype(AbstractContextManager):
-    """Sets torch's default dtype for the duration of a step, so tensors the step creates match the params.
-
-    The default dtype is process-global, not thread-local: DataParallel's worker threads enter together,
-    so the first one in saves the old dtype and the last one out restores it.
-    """
-
-    def __init__(self, dtype: torch.dtype) -> None:
-        self.dtype = dtype
-        self._lock = threading.Lock()
-        self._depth = 0
-        self._saved = torch.float32
-
-    def __getstate__(self) -> dict[str, Any]:  # ddp_spawn pickles the strategy: a lock cannot travel
-        return {"dtype": self.dtype}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["dtype"])  # type: ignore[misc]
-
-    def __enter__(self) -> None:
-        with self._lock:
-            if self._depth == 0:
-                self._saved = torch.get_default_dtype()
-                torch.set_default_dtype(self.dtype)
-            self._depth += 1
-
-    def __exit__(self, *exc_info: object) -> None:
-        with self._lock:
-            self._depth -= 1
-            if self._depth == 0:
-                torch.set_default_dtype(self._saved)
-
-
 def _cast_floats(data: Any, dtype: torch.dtype) -> Any:
     """Cast floating-point tensors in (nested) lists, tuples, namedtuples and dicts; leave the rest alone."""
     if isinstance(data, Tensor):
@@ -329,7 +250,7 @@ class _TruePrecision(Precision):
     def __init__(self, name: str, dtype: torch.dtype) -> None:
         self.name = name
         self.param_dtype = self._dtype = dtype
-        self._default_dtype = _DefaultDtype(dtype)
+        self._default_dtype = DefaultDtype(dtype)
 
     def convert_module(self, module: nn.Module) -> nn.Module:
         return module.to(self._dtype)
@@ -338,7 +259,7 @@ class _TruePrecision(Precision):
         return self._default_dtype
 
     def module_init_context(self) -> AbstractContextManager:
-        return _DefaultDtype(self._dtype)  # its own instance: init_module may be entered inside a step
+        return DefaultDtype(self._dtype)  # its own instance: init_module may be entered inside a step
 
     def convert_input(self, batch: Any) -> Any:
         return _cast_floats(batch, self._dtype)

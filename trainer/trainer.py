@@ -24,8 +24,6 @@ from trainer.hooks import (
     DATAMODULE,
     HookDispatcher,
     call_hook,
-    is_overridden,
-    module_hook,
     profiled_method,
 )
 from trainer.loops import evaluation_loop
@@ -283,7 +281,7 @@ class Trainer(TrainerProperties, RunProperties):
                 ckpt_path = self._user_ckpt_path
             path = resolve_ckpt_path(self, default_ckpt_path(self, fn, ckpt_path, model_given))
             self._loaded_ckpt_path = str(path) if path else None
-            checkpoint = self._restore_module(model, path) if path else None
+            checkpoint = ckpt.restore_module_from(self.strategy, model, path) if path else None
             if fn == TrainerFn.FITTING:
                 return self._fit(model, checkpoint, path)
             model.zero_grad()  # as Lightning, before every stage
@@ -301,16 +299,6 @@ class Trainer(TrainerProperties, RunProperties):
             raise
         finally:
             self._teardown(fn)
-
-    def _restore_module(self, model: Any, path: Any) -> dict[str, Any]:
-        """Read the checkpoint and load the module's weights; the module's `on_load_checkpoint` comes first, as in
-        Lightning (it may edit the state_dict)."""
-        checkpoint = ckpt.load_checkpoint_file(self.strategy, path)
-        hook = module_hook(model, "on_load_checkpoint")
-        if hook is not None:
-            hook(checkpoint)
-        ckpt.restore_module(self.strategy, checkpoint, path, strict=model.strict_loading)
-        return checkpoint
 
     def _report_failure(self, exc: BaseException) -> BaseException | None:
         """Print the root cause rank-prefixed, first; name a lost or hung peer; say why a rank leaves early."""
@@ -332,24 +320,7 @@ class Trainer(TrainerProperties, RunProperties):
         loop = self.fit_state
         if model is None:
             model = loop.module
-        if not isinstance(model, TrainModule):
-            inside = " inside torch.compile" if loop.compiler is not None else ""
-            raise MisconfigurationError(
-                f"{fn.value}() needs a TrainModule, got {type(model).__name__}{inside}. "
-                "Subclass trainer.TrainModule."
-            )
-        if fn == TrainerFn.FITTING:
-            if not is_overridden(model, "training_step", TrainModule):
-                raise MisconfigurationError(
-                    f"{type(model).__name__} must define training_step(batch, batch_idx) to fit."
-                )
-            if not is_overridden(model, "configure_optimizers", TrainModule):
-                raise MisconfigurationError(f"{type(model).__name__} must define configure_optimizers() to fit.")
-        required = {TrainerFn.VALIDATING: "validation_step", TrainerFn.TESTING: "test_step"}.get(fn)
-        if required and not is_overridden(model, required, TrainModule):
-            raise MisconfigurationError(
-                f"{type(model).__name__} must define {required}(batch, batch_idx) for {fn.value}()."
-            )
+        run_start.check_model(fn, model, loop.compiler is not None)
         loop.module, model.trainer = model, self
         if datamodule is not None:
             self.datamodule, datamodule.trainer = datamodule, self

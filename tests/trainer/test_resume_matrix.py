@@ -69,9 +69,11 @@ EXPECTED_DONE = {
 # Sources whose checkpoints hold the same content (all but the ModelCheckpoint states, which a resume without those
 # callbacks does not read): a resume from one is the resume from the others, so the default run resumes the first of
 # each group (23 distinct checkpoints of 38 sources) and test_a_group_saves_one_checkpoint proves the others equal.
+# The sanity check's differs from on_fit_start's by the validation loaders it requested; the training loaders are
+# requested before on_train_start, so its checkpoint is on_train_epoch_start's.
 # (Batch numbers as in tests/helpers/resume_runs.py: MID 11, AFTER_VAL 12, WINDOW 13, EPOCH_END 16.)
 SAME_CHECKPOINT = [
-    ("on_fit_start@0", "on_sanity_check_end@0"), ("on_train_start@0",), ("on_train_epoch_start@0",),
+    ("on_fit_start@0",), ("on_sanity_check_end@0",), ("on_train_start@0", "on_train_epoch_start@0"),
     ("on_train_batch_start@11",), ("training_step@11", "on_before_backward@11"),
     ("on_after_backward@11", "on_before_optimizer_step@11"),
     ("on_train_batch_end@11", "every_n_train_steps/epoch=1-step=4"), ("on_before_zero_grad@12",),

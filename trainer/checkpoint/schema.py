@@ -15,7 +15,7 @@ from trainer.checkpoint.resume import checkpoint_position, plan_resume
 from trainer.checkpoint.validation import check_contents, check_resumable
 from trainer.core.hparams import hparams_entries
 from trainer.core.hparams_storage import read_hparams_file, rebuild_arguments
-from trainer.hooks import DATAMODULE, call_hook, profiled_method
+from trainer.hooks import DATAMODULE, call_hook, module_hook, profiled_method
 
 if TYPE_CHECKING:
     from strategies.base import Strategy
@@ -139,6 +139,17 @@ def restore_module(strategy: Strategy, checkpoint: Mapping[str, Any], path: str 
             f"{path} does not match the model: {diff or err}. Resume needs the same architecture; to load only "
             "the matching weights use TrainModule.load_from_checkpoint(path, strict=False)."
         ) from err
+
+
+def restore_module_from(strategy: Strategy, model: TrainModule, path: str | Path) -> dict[str, Any]:
+    """Read the checkpoint at `path` and load the module's weights from it; the module's `on_load_checkpoint` comes
+    first, as in Lightning (it may edit the state_dict). Returns the checkpoint."""
+    checkpoint = load_checkpoint_file(strategy, path)
+    hook = module_hook(model, "on_load_checkpoint")
+    if hook is not None:
+        hook(checkpoint)
+    restore_module(strategy, checkpoint, path, strict=model.strict_loading)
+    return checkpoint
 
 
 def restore_training_state(loop: FitState, checkpoint: Mapping[str, Any], path: str | Path) -> None:

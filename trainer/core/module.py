@@ -345,7 +345,7 @@ class TrainModule(HyperparametersMixin, OptimizationHooks, ModuleConveniences, M
             return
         state.results.log(
             name, value, on_step, on_epoch, prog_bar, True if logger is None else logger, sync_dist,
-            reduce_fx if type(reduce_fx) is str else reduce_fx_name(reduce_fx), batch_size, add_dataloader_idx,
+            "mean" if reduce_fx == "mean" else reduce_fx_name(reduce_fx), batch_size, add_dataloader_idx,
         )
 
     def log_dict(

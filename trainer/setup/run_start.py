@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from strategies.comm.distributed import rank_zero_info
 from strategies.exceptions import MisconfigurationError
+from trainer.core.module import TrainModule
 from trainer.hooks import DATAMODULE, MODULE, is_overridden, profiled_method
 from trainer.ranks.step_returns import training_step_may_skip
 from trainer.setup.defaults import check_state_keys, order_callbacks
@@ -102,3 +103,22 @@ def read_signatures(loop: FitState, module: Any, fn: TrainerFn) -> None:
     # One process agrees with nobody: the source of training_step (0.4 ms to read) is needed with several only.
     loop.control.step_may_skip = training_step_may_skip(module) if loop.strategy.world_size > 1 else True
     loop.transfer.resolve(module, loop.trainer.datamodule, loop.trainer.profiler)
+
+
+def check_model(fn: TrainerFn, model: Any, compiled: bool) -> None:
+    """A TrainModule defining the steps `fn` needs (training_step and configure_optimizers to fit)."""
+    if not isinstance(model, TrainModule):
+        inside = " inside torch.compile" if compiled else ""
+        raise MisconfigurationError(
+            f"{fn.value}() needs a TrainModule, got {type(model).__name__}{inside}. Subclass trainer.TrainModule."
+        )
+    if fn == TrainerFn.FITTING:
+        if not is_overridden(model, "training_step", TrainModule):
+            raise MisconfigurationError(f"{type(model).__name__} must define training_step(batch, batch_idx) to fit.")
+        if not is_overridden(model, "configure_optimizers", TrainModule):
+            raise MisconfigurationError(f"{type(model).__name__} must define configure_optimizers() to fit.")
+    required = {TrainerFn.VALIDATING: "validation_step", TrainerFn.TESTING: "test_step"}.get(fn)
+    if required and not is_overridden(model, required, TrainModule):
+        raise MisconfigurationError(
+            f"{type(model).__name__} must define {required}(batch, batch_idx) for {fn.value}()."
+        )
