@@ -3,6 +3,9 @@
 Each child looks like a torchrun rank (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), so a
 Trainer inside it joins the world instead of launching. Forking is fast (no re-import of torch);
 the child sets torch to one thread first, because a forked child can hang in the parent's thread pool.
+A pytest process that used CUDA (the GPU tests ran first) starts its ranks with spawn instead: autograd's device
+threads and the CUDA context do not survive a fork (the ranks' backward raises "Unable to handle autograd's
+threading in combination with fork-based multiprocessing").
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ def _child(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: 
 
 def run_distributed(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float = 60) -> list[Any]:
     """Return [fn(0, *args), fn(1, *args), ...] computed on forked ranks; re-raise a rank's error."""
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("spawn" if torch.cuda.is_initialized() else "fork")
     queue = ctx.Queue()
     port = find_free_port()
     procs = [ctx.Process(target=_child, args=(r, world_size, port, fn, args, queue), daemon=True)

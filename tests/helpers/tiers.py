@@ -29,10 +29,10 @@ import pytest
 FULL = os.environ.get("RELIABILITY_FULL") == "1"
 OUT_OF_PROCESS = ("subprocess", "distributed")  # the markers that take a test out of `make check`
 # Processes a library starts on its own, inside the test's process: DataLoader workers, torch.compile's compiler and
-# compile workers, wandb's service (shared by every later run of the session) and the git commands wandb and griffe
-# run to describe the source.
+# compile workers, wandb's service (shared by every later run of the session), the git commands wandb and griffe
+# run to describe the source, and the fc-list matplotlib runs to build its font cache on first import.
 LIBRARY_HELPERS = tuple(os.sep + os.path.join(*parts, "") for parts in (
-    ("torch", "utils", "data"), ("torch", "_inductor"), ("wandb",), ("griffe",)))
+    ("torch", "utils", "data"), ("torch", "_inductor"), ("wandb",), ("griffe",), ("matplotlib",)))
 
 _main_pid = os.getpid()
 _started: list[str] = []  # processes started since the current test's setup began
