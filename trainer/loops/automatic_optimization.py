@@ -25,7 +25,7 @@ from strategies.comm.distributed import rank_zero_warn
 from strategies.exceptions import MisconfigurationError
 from strategies.model.wrapped_optimizer import StrategyOptimizer, wrap_optimizer
 from trainer.checkpoint.loop_position import Phase
-from trainer.hooks import MODULE, call_hook, is_overridden, module_hook, timed
+from trainer.hooks import MODULE, call_hook, is_overridden, timed
 
 if TYPE_CHECKING:
     from trainer.loops.fit_state import FitState
@@ -89,18 +89,25 @@ class TrainingClosure:
         # Every rank learns whether any rank skips (here), ran out of data or got a stop signal
         # (trainer/ranks/agreement.py).
         skip = control.after_training_step(loop, loss, self.is_last, True)
-        if self.zero_grad:
-            zero_grad(loop, self.batch_idx)
+        silent = loop.hooks.silent  # hooks nobody overrides: skipped without a call (trainer/hooks.py)
+        if self.zero_grad:  # the first batch of its window: on_before_zero_grad, then the module's optimizer_zero_grad
+            optimizer = loop.optimizers[0]
+            if "on_before_zero_grad" not in silent:
+                call_hook(loop, "on_before_zero_grad", optimizer)
+            _call_module(loop, "optimizer_zero_grad", loop.progress.current_epoch, self.batch_idx, optimizer)
         if skip or loss is None:
             return None
-        silent = loop.hooks.silent  # hooks nobody overrides: skipped without a call (trainer/hooks.py)
         if "on_before_backward" not in silent:
             call_hook(loop, "on_before_backward", loss)
         accumulate = loop.schedule.accumulate_grad_batches
         results = loop.results
         previous, results.current_fx = results.current_fx, "backward"
         try:
-            loop.backward(loss / accumulate if accumulate > 1 else loss)
+            scaled = loss / accumulate if accumulate > 1 else loss
+            if loop.trainer.profiler.enabled:  # timed under Lightning's action name
+                loop.backward(scaled)
+            else:
+                loop.strategy.backward(scaled)
         finally:
             results.current_fx = previous
         if control.in_flight is not None:  # a NaN loss or differing metric names on any rank: every rank raises here
@@ -121,14 +128,6 @@ class RestoredGradients:
 
     def __call__(self) -> None:
         self.calls += 1
-
-
-def zero_grad(loop: FitState, batch_idx: int) -> None:
-    """on_before_zero_grad, then the module's `optimizer_zero_grad` (default: `optimizer.zero_grad()`)."""
-    optimizer = loop.optimizers[0]
-    if "on_before_zero_grad" not in loop.hooks.silent:
-        call_hook(loop, "on_before_zero_grad", optimizer)
-    _call_module(loop, "optimizer_zero_grad", loop.progress.current_epoch, batch_idx, optimizer)
 
 
 def step_window(loop: FitState, batch_idx: int, closure: TrainingClosure | RestoredGradients) -> None:
@@ -222,8 +221,8 @@ def _call_module(loop: FitState, name: str, *args: Any, **kwargs: Any) -> Any:
     """Call the module's own `name` (its default or the user's override), with `self.log` attributed to it. The module
     is the run's TrainModule (`loop.module`), the one every other module hook is called on (trainer/hooks.py)."""
     module = loop.module
-    fn = module_hook(module, name)
-    if fn is None:  # switched off with `module.<hook> = None`
+    fn = getattr(module, name, None)  # trainer.hooks.module_hook's rule, without its call on the per-step path
+    if not callable(fn):  # switched off with `module.<hook> = None`
         return None
     if loop.trainer.profiler.enabled:
         fn = timed(loop.trainer.profiler, f"{MODULE}{type(module).__name__}.{name}", fn)
