@@ -108,3 +108,18 @@ def test_from_datasets_hands_batch_size_and_num_workers_to_an_init_taking_kwargs
 
     data = Kwargs.from_datasets(RandomDataset(32, 8), batch_size=4, num_workers=0, other=1)
     assert data.given == {"batch_size": 4, "num_workers": 0, "other": 1}
+
+
+def test_hparams_from_an_omegaconf_config_compare_equal_to_it():
+    from omegaconf import OmegaConf
+
+    class FromConfig(DataModule):
+        def __init__(self, config: Any, name: str) -> None:
+            super().__init__()
+            self.save_hyperparameters(config)
+
+    config = OmegaConf.create({"hello": "world", "size": 3})
+    data = FromConfig(config, "foo")
+    assert data.hparams == config and config == data.hparams and not data.hparams != config  # Lightning keeps it
+    assert data.hparams != OmegaConf.create({"hello": "there", "size": 3})
+    assert data.hparams == {"hello": "world", "size": 3} and data.hparams.hello == "world"

@@ -3,6 +3,7 @@ batch-transfer hooks and the `hparams` dict (Lightning's `DataHooks`, which both
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -27,6 +28,17 @@ class AttributeDict(dict):
             del self[key]
         except KeyError:
             raise AttributeError(f"hparams has no key {key!r}") from None
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to a mapping that is not a dict too (an omegaconf DictConfig the hyperparameters came from)."""
+        if isinstance(other, Mapping) and not isinstance(other, dict):
+            return dict(self) == dict(other.items())
+        return dict.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = None  # a dict is unhashable; defining __eq__ must not change that
 
 
 def _default_hook(fn: Any) -> Any:
