@@ -72,8 +72,9 @@ def verdicts(result: dict[str, Any] | None) -> tuple[int, int]:
 
 
 def vs_baseline_short(f: dict[str, Any]) -> str:
-    """The paired difference where there is one (import time, time to first step), else the paired ratio."""
-    if f["delta"] is not None:
+    """The paired difference where there is one (import time, time to first step) and the target is not a ratio,
+    else the paired ratio."""
+    if f["delta"] is not None and not (f.get("target_on") == "ratio" and f["ratio"] is not None):
         return f"{'+' if f['delta'] >= 0 else '−'}{fmt(abs(f['delta']), f['unit'])}"
     return f"{f['ratio']:.3f}x" if f["ratio"] is not None else "–"
 
