@@ -4,12 +4,12 @@ This package is a leaf: it imports torch only, never `trainer` or `callbacks`. L
 `lightning.pytorch.strategies` and `.plugins` resolve here too (strategies/from_lightning.py), or name what to use.
 """
 
-from typing import Any
 
 from strategies.base import Strategy
 from strategies.comm.distributed import rank_zero_only
 from strategies.ddp import DDPStrategy
 from strategies.dp import DataParallelStrategy
+from strategies.from_lightning import package_lookups
 from strategies.model_parallel import ModelParallelStrategy
 from strategies.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision, precision_from_flag
 from strategies.registry import STRATEGY_REGISTRY
@@ -33,15 +33,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    from strategies.from_lightning import NAMES, resolve
-
-    value = resolve(__name__, NAMES, name)
-    globals()[name] = value  # later lookups are plain attribute reads
-    return value
-
-
-def __dir__() -> list[str]:
-    from strategies.from_lightning import NAMES, names_here
-
-    return sorted({*globals(), *names_here(NAMES)})
+# Lightning's names (docs/from-lightning.md): resolved on first use, or an error naming what to use instead
+__getattr__, __dir__ = package_lookups(__name__, "strategies.from_lightning")

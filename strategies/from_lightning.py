@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 # The class renames of the porting contract (shared/API.md): Lightning's name -> ours.
@@ -85,6 +85,27 @@ def _caller_is_from_import(frame: Any) -> bool:
 
     code = frame.f_code.co_code
     return 0 <= frame.f_lasti < len(code) and dis.opname[code[frame.f_lasti]] == "IMPORT_FROM"
+
+
+def package_lookups(package: str, tables: str) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """The module-level `__getattr__` and `__dir__` of `package`, whose Lightning names are in the module `tables`
+    (its `TABLES[package]`, or its `NAMES`): that module is imported on the first lookup, so importing the package
+    stays cheap; a resolved name is set on the package, so later lookups are plain attribute reads."""
+
+    def table() -> Mapping[str, Row]:
+        module = importlib.import_module(tables)
+        found: Mapping[str, Row] = module.TABLES[package] if hasattr(module, "TABLES") else module.NAMES
+        return found
+
+    def __getattr__(name: str) -> Any:  # called by Python as the package's own: `resolve` counts on that depth
+        value = resolve(package, table(), name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*vars(sys.modules[package]), *names_here(table())})
+
+    return __getattr__, __dir__
 
 
 def names_here(table: Mapping[str, Row]) -> list[str]:

@@ -4,9 +4,9 @@ Public names only. Heavy optional dependencies (tensorboard, omegaconf, tqdm, to
 imported by the components that need them, when they are first used.
 """
 
-from typing import Any
 
 from strategies.comm.distributed import rank_zero_debug, rank_zero_info, rank_zero_only, rank_zero_warn
+from strategies.from_lightning import package_lookups
 from trainer.banner import cli_lightning_logo
 from trainer.core.datamodule import DataModule
 from trainer.core.module import TrainModule
@@ -29,18 +29,5 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str) -> Any:
-    """Lightning's names (trainer/from_lightning.py): resolved on first use, or an error naming what to use."""
-    from strategies.from_lightning import resolve
-    from trainer.from_lightning import TABLES
-
-    value = resolve(__name__, TABLES[__name__], name)
-    globals()[name] = value  # later lookups are plain attribute reads
-    return value
-
-
-def __dir__() -> list[str]:
-    from strategies.from_lightning import names_here
-    from trainer.from_lightning import TABLES
-
-    return sorted({*globals(), *names_here(TABLES[__name__])})
+# Lightning's names (docs/from-lightning.md): resolved on first use, or an error naming what to use instead
+__getattr__, __dir__ = package_lookups(__name__, "trainer.from_lightning")

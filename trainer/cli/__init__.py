@@ -3,8 +3,8 @@
 Importing this package imports omegaconf; `import trainer` does not import it.
 """
 
-from typing import Any
 
+from strategies.from_lightning import package_lookups
 from trainer.cli.command import (
     CLIError,
     CLIRun,
@@ -21,18 +21,5 @@ __all__ = ["CLIError", "CLIRun", "LightningArgumentParser", "LightningCLI", "Red
            "SaveConfigCallback", "main", "run"]
 
 
-def __getattr__(name: str) -> Any:
-    """Lightning's names (trainer/from_lightning.py): resolved on first use, or an error naming what to use."""
-    from strategies.from_lightning import resolve
-    from trainer.from_lightning import TABLES
-
-    value = resolve(__name__, TABLES[__name__], name)
-    globals()[name] = value  # later lookups are plain attribute reads
-    return value
-
-
-def __dir__() -> list[str]:
-    from strategies.from_lightning import names_here
-    from trainer.from_lightning import TABLES
-
-    return sorted({*globals(), *names_here(TABLES[__name__])})
+# Lightning's names (docs/from-lightning.md): resolved on first use, or an error naming what to use instead
+__getattr__, __dir__ = package_lookups(__name__, "trainer.from_lightning")
