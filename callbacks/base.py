@@ -32,23 +32,6 @@ class Callback:
         ```
     """
 
-    logging_module: Any = None  # the TrainModule of the run this callback is in (the Trainer sets it at its start)
-
-    def log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
-        """`self.log(...)` inside a hook: the running module's `log`, as Lightning gives callbacks the module's `log`
-        and `log_dict` (same arguments, same hooks where logging is allowed)."""
-        self._module_for("log").log(name, value, *args, **kwargs)
-
-    def log_dict(self, dictionary: Any, *args: Any, **kwargs: Any) -> None:
-        """`self.log_dict(...)` inside a hook: the running module's `log_dict` (see `log`)."""
-        self._module_for("log_dict").log_dict(dictionary, *args, **kwargs)
-
-    def _module_for(self, method: str) -> Any:
-        if self.logging_module is None:
-            raise RuntimeError(f"{type(self).__name__}.{method}() logs through the module of a running fit, validate, "
-                               "test or predict: call it inside a hook.")
-        return self.logging_module
-
     @property
     def state_key(self) -> str:
         """Key of this callback's state in a checkpoint; include constructor arguments to allow duplicates (see

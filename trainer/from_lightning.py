@@ -190,7 +190,7 @@ LOGGERS: dict[str, Row] = {
     "LitLogger": refused(_LOGGER, "loggers", "loggers.litlogger"),
     "NeptuneLogger": refused(_LOGGER, "loggers.neptune"),
     "ExperimentWriter": same("trainer.loggers.csv", "loggers.csv_logs"),
-    "DummyLogger": refused("Trainer(logger=False) runs without a logger", "loggers.logger"),
+    "DummyLogger": same("trainer.loggers.base", "loggers.logger"),
     "merge_dicts": refused("merge the dicts yourself (Lightning's helper of its removed LoggerCollection)",
                            "loggers.logger"),
     "rank_zero_experiment": refused("a Logger subclass's writing methods run on rank 0 only by themselves",

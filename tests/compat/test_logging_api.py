@@ -254,5 +254,30 @@ def test_a_callback_logs_through_the_running_module():
     trainer = Trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=0, callbacks=[Logs()], **QUIET)
     trainer.fit(BoringModel())
     assert {k: float(v) for k, v in trainer.callback_metrics.items()} == {"from_callback": 7.0, "also": 8.0}
-    with pytest.raises(RuntimeError, match="inside a hook"):
-        Logs().log("x", 1.0)
+    assert not hasattr(Logs(), "log")  # attached to the instances of a run, as Lightning does
+
+
+def test_a_callback_with_its_own_log_method_keeps_it():
+    from callbacks import Callback
+
+    class OwnLog(Callback):
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def log(self, line: str) -> None:
+            self.lines.append(line)
+
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            self.log("started")
+
+    callback = OwnLog()
+    Trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=0, callbacks=[callback], **QUIET).fit(BoringModel())
+    assert callback.lines == ["started"]
+
+
+def test_the_callback_base_class_has_only_lightnings_members():
+    from callbacks import Callback, LambdaCallback
+
+    hooks = {name for name in dir(Callback) if not name.startswith("_") and callable(getattr(Callback, name))}
+    assert "log" not in hooks and "log_dict" not in hooks
+    LambdaCallback(**{name: (lambda *a, **k: None) for name in hooks - {"state_dict", "load_state_dict"}})

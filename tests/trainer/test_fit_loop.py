@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -109,7 +110,25 @@ def test_fast_dev_run_runs_one_batch_of_each():
     trainer = Trainer(fast_dev_run=True, **{**QUIET, "logger": True, "enable_checkpointing": True})
     trainer.fit(model)
     assert model.train_batches == [(0, 0)] and len(model.val_batches) == 1
-    assert trainer.loggers == [] and trainer.checkpoint_callback is None
+    assert [type(lg).__name__ for lg in trainer.loggers] == ["DummyLogger"] and trainer.checkpoint_callback is None
+
+
+def test_under_fast_dev_run_the_logger_takes_any_call_and_writes_nothing(tmp_path: Path):
+    from trainer.loggers import CSVLogger, DummyLogger
+
+    class UsesTheExperiment(CountingModel):
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            self.logger.experiment.add_image("x", batch[0])  # a TensorBoard call, on whatever logger there is
+            self.log("loss_seen", 1.0)
+            return super().training_step(batch, batch_idx)
+
+    trainer = Trainer(fast_dev_run=2, default_root_dir=tmp_path,
+                      **{**QUIET, "logger": CSVLogger(tmp_path / "logs"), "enable_checkpointing": True})
+    trainer.fit(UsesTheExperiment())
+    assert isinstance(trainer.logger, DummyLogger) and trainer.logger[0] is trainer.logger
+    assert not (tmp_path / "logs").exists() and sorted(p.name for p in tmp_path.iterdir()) == []
+    no_logger = Trainer(fast_dev_run=True, **{**QUIET, "logger": False})
+    assert no_logger.loggers == []  # logger=False keeps none, as in Lightning
 
 
 def test_should_stop_set_in_training_step_stops_after_that_batch():

@@ -3,13 +3,13 @@ mlflow and wandb only when their run starts (install them with the `mlflow` and 
 
 
 from strategies.from_lightning import package_lookups
-from trainer.loggers.base import Logger
+from trainer.loggers.base import DummyLogger, Logger
 from trainer.loggers.csv import CSVLogger, ExperimentWriter
 from trainer.loggers.mlflow import MLFlowLogger
 from trainer.loggers.tensorboard import TensorBoardLogger
 from trainer.loggers.wandb import WandbLogger
 
-__all__ = ["CSVLogger", "ExperimentWriter", "Logger", "MLFlowLogger", "TensorBoardLogger", "WandbLogger"]
+__all__ = ["CSVLogger", "DummyLogger", "ExperimentWriter", "Logger", "MLFlowLogger", "TensorBoardLogger", "WandbLogger"]
 
 
 # Lightning's names (docs/from-lightning.md): resolved on first use, or an error naming what to use instead

@@ -204,6 +204,32 @@ class Logger(ABC):
         """Take the run identity rank 0 chose (see `identity`), so every process names the same run."""
 
 
+class DummyLogger(Logger):
+    """The loggers' stand-in under `fast_dev_run`, as Lightning's: nothing is written and no run folder is made, while
+    a module's `self.logger.experiment.add_image(...)` (any call on `experiment`) still runs and does nothing."""
+
+    @property
+    def experiment(self) -> DummyExperiment:
+        return DummyExperiment()
+
+    @property
+    def name(self) -> str:
+        return ""
+
+    @property
+    def version(self) -> str:
+        return ""
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        pass
+
+    def log_hyperparams(self, params: Mapping[str, Any]) -> None:
+        pass
+
+    def __getitem__(self, index: int) -> DummyLogger:  # `trainer.logger[0]` in code written for a logger list
+        return self
+
+
 class VersionedFolderLogger(Logger):
     """A logger writing under `save_dir/name/version_N` (N = next free one unless `version` is given); a `name` of
     None or "" puts the versions straight under `save_dir`.

@@ -16,10 +16,12 @@ if TYPE_CHECKING:
 def build_loggers(logger: Any, spec: RunSpec) -> list[Any]:
     """logger=True (or None, as in Lightning) → TensorBoardLogger in default_root_dir/runs/version_N; False → none;
     or the Logger(s) given."""
-    from trainer.loggers.base import Logger
+    from trainer.loggers.base import DummyLogger, Logger
 
-    if spec.fast_dev_run or logger is False:
+    if logger is False:
         return []
+    if spec.fast_dev_run:  # Lightning's rule: one logger that writes nothing stands in for the loggers
+        return [DummyLogger()]
     if logger is True or logger is None:
         from trainer.loggers.tensorboard import TensorBoardLogger
 

@@ -51,10 +51,18 @@ def before_environment(trainer: Trainer, module: Any) -> None:
     """Before any process group exists: the module's callbacks join, then the uncalled-hook check."""
     configure = profiled_method(trainer.profiler, module, "configure_callbacks", MODULE)
     trainer.callbacks = merge_model_callbacks(trainer.callbacks, configure())
-    for callback in trainer.callbacks:  # `self.log` in a callback's hooks logs through this module (Lightning's)
-        callback.logging_module = module
+    for callback in trainer.callbacks:
+        attach_logging(callback, module)
     trainer.fit_state.hooks.reset()
     refuse_uncalled_hooks(module, trainer.datamodule, trainer.callbacks)
+
+
+def attach_logging(callback: Any, module: Any) -> None:
+    """`self.log` / `self.log_dict` in a callback's hooks are the running module's, as Lightning attaches them to each
+    callback instance; a callback class that defines its own `log` or `log_dict` keeps it."""
+    for name in ("log", "log_dict"):
+        if getattr(type(callback), name, None) is None:
+            setattr(callback, name, getattr(module, name))
 
 
 def prepare_data(trainer: Trainer, module: Any) -> None:
