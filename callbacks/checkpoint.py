@@ -241,8 +241,9 @@ class ModelCheckpoint(CheckpointFiles):
             self._save_last_checkpoint(trainer, candidates)
 
     def on_train_end(self, trainer: "Trainer", pl_module: "TrainModule") -> None:
-        """`save_last=True` writes `last.ckpt` at the end of fit when no checkpoint was saved during it."""
-        if self.save_last and not self._last_checkpoint_saved:
+        """`save_last=True` writes `last.ckpt` at the end of fit when no checkpoint was saved during it (not under
+        `fast_dev_run`, which saves nothing: Lightning writes this one file even then)."""
+        if self.save_last and not self._last_checkpoint_saved and not trainer.fast_dev_run:
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def on_exception(self, trainer: "Trainer", pl_module: "TrainModule", exception: BaseException) -> None:

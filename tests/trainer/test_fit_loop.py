@@ -110,10 +110,12 @@ def test_fast_dev_run_runs_one_batch_of_each():
     trainer = Trainer(fast_dev_run=True, **{**QUIET, "logger": True, "enable_checkpointing": True})
     trainer.fit(model)
     assert model.train_batches == [(0, 0)] and len(model.val_batches) == 1
-    assert [type(lg).__name__ for lg in trainer.loggers] == ["DummyLogger"] and trainer.checkpoint_callback is None
+    assert [type(lg).__name__ for lg in trainer.loggers] == ["DummyLogger"]
+    assert trainer.checkpoint_callback is not None and trainer.checkpoint_callback.best_model_path == ""  # kept, idle
 
 
 def test_under_fast_dev_run_the_logger_takes_any_call_and_writes_nothing(tmp_path: Path):
+    from callbacks import ModelCheckpoint
     from trainer.loggers import CSVLogger, DummyLogger
 
     class UsesTheExperiment(CountingModel):
@@ -122,9 +124,11 @@ def test_under_fast_dev_run_the_logger_takes_any_call_and_writes_nothing(tmp_pat
             self.log("loss_seen", 1.0)
             return super().training_step(batch, batch_idx)
 
-    trainer = Trainer(fast_dev_run=2, default_root_dir=tmp_path,
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpts", save_last=True, every_n_train_steps=1)
+    trainer = Trainer(fast_dev_run=2, default_root_dir=tmp_path, callbacks=[checkpoint],
                       **{**QUIET, "logger": CSVLogger(tmp_path / "logs"), "enable_checkpointing": True})
     trainer.fit(UsesTheExperiment())
+    assert trainer.checkpoint_callback is checkpoint  # a given ModelCheckpoint stays, and saves nothing (Lightning's)
     assert isinstance(trainer.logger, DummyLogger) and trainer.logger[0] is trainer.logger
     assert not (tmp_path / "logs").exists() and sorted(p.name for p in tmp_path.iterdir()) == []
     no_logger = Trainer(fast_dev_run=True, **{**QUIET, "logger": False})

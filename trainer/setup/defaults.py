@@ -61,9 +61,6 @@ def build_callbacks(callbacks: Any, spec: RunSpec) -> list[Any]:
         given.append(bar)
     if spec.enable_model_summary and not instances_of(given, *_SUMMARY):
         given.append(_default_summary(bar))
-    if spec.fast_dev_run:
-        checkpoints = {id(cb) for cb in instances_of(given, *_CHECKPOINT)}
-        given = [cb for cb in given if id(cb) not in checkpoints]
     check_state_keys(given)
     return order_callbacks(given)
 

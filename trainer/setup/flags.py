@@ -201,7 +201,7 @@ def parse_flags(hardware: Hardware | None = None, **given: Any) -> RunSpec:
     if dev_run := values["fast_dev_run"]:
         values.update(max_epochs=1, max_steps=dev_run, num_sanity_val_steps=0, limit_train_batches=dev_run,
                       limit_val_batches=dev_run, limit_test_batches=dev_run, limit_predict_batches=dev_run,
-                      val_check_interval=1.0, check_val_every_n_epoch=1, enable_checkpointing=False)
+                      val_check_interval=1.0, check_val_every_n_epoch=1)  # checkpoint callbacks stay; they do not save
     _check_validation_cadence(values)
     if overfit := values["overfit_batches"]:  # Lightning's rule: it sets both limits, over fast_dev_run's too
         values.update(limit_train_batches=overfit, limit_val_batches=overfit)
