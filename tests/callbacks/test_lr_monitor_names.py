@@ -35,8 +35,10 @@ def _optimizers(module: nn.Module, case: str) -> Any:
     return torch.optim.Adam(module.parameters(), lr=0.1)
 
 
-def _ours(case: str, tmp_path: Any, **options: Any) -> tuple[LearningRateMonitor, Trainer]:
-    class Module(TrainModule):
+def _module_class(base: type, case: str) -> type:
+    """The same module on our base or Lightning's, built with `case`'s optimizers."""
+
+    class Module(base):  # type: ignore[misc, valid-type]
         def __init__(self) -> None:
             super().__init__()
             self.layer = nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 2))
@@ -50,6 +52,11 @@ def _ours(case: str, tmp_path: Any, **options: Any) -> tuple[LearningRateMonitor
         def train_dataloader(self) -> DataLoader:
             return DataLoader(RandomDataset(32, 64), batch_size=8)
 
+    return Module
+
+
+def _ours(case: str, tmp_path: Any, **options: Any) -> tuple[LearningRateMonitor, Trainer]:
+    Module = _module_class(TrainModule, case)
     monitor = LearningRateMonitor(**options)
     trainer = Trainer(**{**QUIET, **RUN, "logger": CSVLogger(tmp_path), "callbacks": [monitor]})
     trainer.fit(Module())
@@ -59,20 +66,7 @@ def _ours(case: str, tmp_path: Any, **options: Any) -> tuple[LearningRateMonitor
 def _lightnings(case: str, tmp_path: Any, **options: Any) -> Any:
     pl = pytest.importorskip("lightning.pytorch")
 
-    class Module(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 2))
-
-        def training_step(self, batch: Any, batch_idx: int) -> Any:
-            return self.layer(batch).sum()
-
-        def configure_optimizers(self) -> Any:
-            return _optimizers(self, case)
-
-        def train_dataloader(self) -> DataLoader:
-            return DataLoader(RandomDataset(32, 64), batch_size=8)
-
+    Module = _module_class(pl.LightningModule, case)
     monitor = pl.callbacks.LearningRateMonitor(**options)
     trainer = pl.Trainer(callbacks=[monitor], logger=pl.loggers.CSVLogger(tmp_path), enable_progress_bar=False,
                          enable_model_summary=False, enable_checkpointing=False, accelerator="cpu", devices=1, **RUN)

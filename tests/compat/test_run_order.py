@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+
+from tests.helpers.boring import every_stage_module
 
 _QUIET = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
           "enable_model_summary": False, "accelerator": "cpu", "devices": 1}
@@ -49,35 +50,12 @@ def _record(calls: list[str], name: str, fn: Any, *args: Any, **kwargs: Any) -> 
 
 
 def _module_class(module_base: type, calls: list[str], switched_off: tuple[str, ...]) -> type:
-    class Module(module_base):  # type: ignore[misc, valid-type]
+    class Module(every_stage_module(module_base)):  # type: ignore[misc]
         def __init__(self) -> None:
             super().__init__()
-            torch.manual_seed(0)
-            self.layer = torch.nn.Linear(4, 1)
             for name in _own_hooks(module_base) | {"train", "zero_grad"}:
                 wrapped = None if name in switched_off else _wrapped(calls, name, getattr(self, name))
                 setattr(self, name, wrapped)
-
-        def training_step(self, batch: Any, batch_idx: int) -> Any:
-            return self.layer(batch[0]).pow(2).mean()
-
-        def validation_step(self, batch: Any, batch_idx: int) -> None:
-            self.log("val_loss", self.layer(batch[0]).pow(2).mean())
-
-        def test_step(self, batch: Any, batch_idx: int) -> None:
-            self.log("test_loss", self.layer(batch[0]).pow(2).mean())
-
-        def predict_step(self, batch: Any, batch_idx: int) -> Any:
-            return self.layer(batch[0])
-
-        def configure_optimizers(self) -> Any:
-            opt = torch.optim.SGD(self.parameters(), lr=0.1)
-            return [opt], [torch.optim.lr_scheduler.StepLR(opt, step_size=1)]
-
-        def train_dataloader(self) -> Any:
-            return DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=2)
-
-        val_dataloader = test_dataloader = predict_dataloader = train_dataloader
 
     return Module
 

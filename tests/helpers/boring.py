@@ -75,3 +75,38 @@ class BoringModel(TrainModule):
 
 QUIET = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
          "enable_model_summary": False, "accelerator": "cpu", "devices": 1}
+
+
+def every_stage_module(base: type) -> type:
+    """A tiny module on `base` (TrainModule, or Lightning's LightningModule for a run beside ours) with a step for
+    every stage, a StepLR and loaders of 4 batches: for comparing what runs (hooks, profiler actions), not what it
+    learns."""
+
+    class EveryStage(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.layer = nn.Linear(4, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            return self.layer(batch[0]).pow(2).mean()
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("val_loss", self.layer(batch[0]).pow(2).mean())
+
+        def test_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("test_loss", self.layer(batch[0]).pow(2).mean())
+
+        def predict_step(self, batch: Any, batch_idx: int) -> Any:
+            return self.layer(batch[0])
+
+        def configure_optimizers(self) -> Any:
+            opt = torch.optim.SGD(self.parameters(), lr=0.1)
+            return [opt], [torch.optim.lr_scheduler.StepLR(opt, step_size=1)]
+
+        def train_dataloader(self) -> Any:
+            return DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=2)
+
+        val_dataloader = test_dataloader = predict_dataloader = train_dataloader
+
+    return EveryStage

@@ -14,7 +14,7 @@ import pytest
 
 from callbacks import Callback
 from strategies.exceptions import ConfigError
-from tests.helpers.boring import QUIET, BoringModel
+from tests.helpers.boring import QUIET, BoringModel, every_stage_module
 from tests.helpers.dist import run_distributed
 from trainer import Trainer, TrainModule
 from trainer.profilers import AdvancedProfiler, PassThroughProfiler, PyTorchProfiler, SimpleProfiler
@@ -111,37 +111,11 @@ def test_simple_reports_the_module_strategy_and_data_actions_under_lightnings_na
 def _profiled_actions(framework: Any, entry: str) -> set[str]:
     """The actions a SimpleProfiler records in one run of `entry` under Lightning (`framework`: its package) or
     ours (None)."""
-    import torch
-    from torch.utils.data import DataLoader, TensorDataset
 
     base, trainer_cls, simple = ((framework.LightningModule, framework.Trainer, framework.profilers.SimpleProfiler)
                                  if framework is not None else (TrainModule, Trainer, SimpleProfiler))
 
-    class Model(base):  # type: ignore[misc, valid-type]
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(4, 1)
-
-        def training_step(self, batch: Any, batch_idx: int) -> Any:
-            return self.layer(batch[0]).sum()
-
-        def validation_step(self, batch: Any, batch_idx: int) -> None:
-            self.log("v", self.layer(batch[0]).sum())
-
-        test_step = validation_step
-
-        def predict_step(self, batch: Any, batch_idx: int) -> Any:
-            return self.layer(batch[0])
-
-        def configure_optimizers(self) -> Any:
-            opt = torch.optim.SGD(self.parameters(), lr=0.1)
-            return [opt], [torch.optim.lr_scheduler.StepLR(opt, step_size=1)]
-
-        def train_dataloader(self) -> Any:
-            return DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=2)
-
-        val_dataloader = test_dataloader = predict_dataloader = train_dataloader
-
+    Model = every_stage_module(base)
     profiler = simple()
     runner = trainer_cls(max_epochs=1, profiler=profiler, **QUIET)
     getattr(runner, entry)(Model(), **({"verbose": False} if entry in ("validate", "test") else {}))
