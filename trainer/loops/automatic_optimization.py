@@ -25,7 +25,7 @@ from strategies.comm.distributed import rank_zero_warn
 from strategies.exceptions import MisconfigurationError
 from strategies.model.wrapped_optimizer import StrategyOptimizer, wrap_optimizer
 from trainer.checkpoint.loop_position import Phase
-from trainer.hooks import MODULE, call_hook, is_overridden, timed
+from trainer.hooks import MODULE, call_hook, is_overridden, module_hook, timed
 
 if TYPE_CHECKING:
     from trainer.loops.fit_state import FitState
@@ -103,11 +103,7 @@ class TrainingClosure:
         results = loop.results
         previous, results.current_fx = results.current_fx, "backward"
         try:
-            scaled = loss / accumulate if accumulate > 1 else loss
-            if loop.trainer.profiler.enabled:  # timed under Lightning's action name
-                loop.backward(scaled)
-            else:
-                loop.strategy.backward(scaled)
+            loop.backward(loss / accumulate if accumulate > 1 else loss)
         finally:
             results.current_fx = previous
         if control.in_flight is not None:  # a NaN loss or differing metric names on any rank: every rank raises here
@@ -221,8 +217,8 @@ def _call_module(loop: FitState, name: str, *args: Any, **kwargs: Any) -> Any:
     """Call the module's own `name` (its default or the user's override), with `self.log` attributed to it. The module
     is the run's TrainModule (`loop.module`), the one every other module hook is called on (trainer/hooks.py)."""
     module = loop.module
-    fn = getattr(module, name, None)  # trainer.hooks.module_hook's rule, without its call on the per-step path
-    if not callable(fn):  # switched off with `module.<hook> = None`
+    fn = module_hook(module, name)
+    if fn is None:  # switched off with `module.<hook> = None`
         return None
     if loop.trainer.profiler.enabled:
         fn = timed(loop.trainer.profiler, f"{MODULE}{type(module).__name__}.{name}", fn)

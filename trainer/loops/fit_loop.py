@@ -142,8 +142,7 @@ def _train_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> b
     position.phase = Phase.BATCH_STARTED
     progress.val_started, loop.is_last_batch = False, is_last
     metrics.train_batch_starts()
-    # the strategy's move when the user has no batch-transfer hook (one call less per batch)
-    batch = loop.to_device(batch, 0) if loop.transfer.active else loop.strategy.batch_to_device(batch)
+    batch = loop.to_device(batch, 0)
     results.set_batch(batch)
     silent, stepper = loop.hooks.silent, loop.scheduler_stepper  # silent: hooks nobody overrides (trainer/hooks.py)
     if "on_train_batch_start" not in silent and call_hook(loop, "on_train_batch_start", batch, batch_idx) == -1:
@@ -151,7 +150,7 @@ def _train_batch(loop: FitState, batch: Any, batch_idx: int, is_last: bool) -> b
             stepper.step("epoch", progress.current_epoch + 1, metrics.callback_metrics, plateau=False)
         return False
     if loop.automatic:
-        stepped = is_last or (batch_idx + 1) % loop.schedule.accumulate_grad_batches == 0  # schedule.window_ends
+        stepped = loop.schedule.window_ends(batch_idx, is_last)
         outputs = train_one_batch(loop, batch, batch_idx, is_last, stepped)
         if is_last and stepper.configs:  # the epoch's schedulers step after its last batch, before its end hooks
             stepper.step("epoch", progress.current_epoch + 1, metrics.callback_metrics, plateau=False)
