@@ -14,6 +14,13 @@ from torch.utils.data import DataLoader, Sampler, TensorDataset, WeightedRandomS
 if os.environ.get("FRAMEWORK") == "lightning":
     from lightning.pytorch import LightningModule as TrainModule
     from lightning.pytorch import Trainer, seed_everything
+
+    from strategies.launch.shutdown import shutdown_at_exit
+
+    # Lightning's ranks meet torch's gloo exit race (a worker thread asks for the GIL during interpreter finalization:
+    # SIGABRT "terminate called without an active exception", docs/reliability.md): the oracle's run gets the same
+    # orderly exit ours has, so its exit status says how its fit went
+    shutdown_at_exit()
 else:
     from trainer import Trainer, TrainModule, seed_everything
 
